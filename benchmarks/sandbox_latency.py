@@ -1,0 +1,88 @@
+"""How fast the sandbox serves a 100-record page at scale 10, so it is never the bottleneck.
+
+Run: .venv/bin/python benchmarks/sandbox_latency.py [--scale 10] [--pages 300]
+Target: median under 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import record, sandbox_process
+
+
+def token(env: dict[str, str]) -> str:
+    response = httpx.post(
+        f"{env['CLINICAL_AUTH_URL']}/oauth2/token",
+        data={
+            "grant_type": "client_credentials",
+            "client_id": env["CLINICAL_CLIENT_ID"],
+            "client_secret": env["CLINICAL_CLIENT_SECRET"],
+            "scope": f"svc-customer-api/{env['CLINICAL_CUSTOMER']}",
+        },
+    )
+    response.raise_for_status()
+    return response.json()["access_token"]
+
+
+def timed_pages(client: httpx.Client, pages: int, keyset: bool) -> list[float]:
+    """Page through Appointments by keyset (`id gt last`) or by `$skip`; seconds per page."""
+    times: list[float] = []
+    last: str | None = None
+    for n in range(pages):
+        params = {"$top": "100", "$orderby": "id asc"}
+        if keyset and last is not None:
+            params["$filter"] = f"id gt '{last}'"
+        if not keyset:
+            params["$skip"] = str(n * 100)
+        started = time.perf_counter()
+        response = client.get("Appointments", params=params)
+        times.append(time.perf_counter() - started)
+        response.raise_for_status()
+        last = response.json()["value"][-1]["id"]
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "median_ms": round(statistics.median(ordered) * 1000, 2),
+        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scale", type=float, default=10)
+    parser.add_argument("--pages", type=int, default=300)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with sandbox_process("--scale", str(args.scale)) as env:
+        startup = time.perf_counter() - started
+        headers = {"Authorization": f"Bearer {token(env)}", "x-api-key": env["CLINICAL_API_KEY"]}
+        with httpx.Client(base_url=env["CLINICAL_API_BASE_URL"] + "/", headers=headers) as client:
+            timed_pages(client, 20, keyset=True)  # warm up caches and the connection
+            figures = {
+                "scale": args.scale,
+                "startup_s": round(startup, 2),
+                "keyset": summary(timed_pages(client, args.pages, keyset=True)),
+                "skip": summary(timed_pages(client, args.pages, keyset=False)),
+            }
+    print(f"sandbox at scale {args.scale:g}: started in {figures['startup_s']} s")
+    for mode in ("keyset", "skip"):
+        f = figures[mode]
+        print(f"  100-record page ({mode}): median {f['median_ms']} ms, p99 {f['p99_ms']} ms")
+    print("  target: median under 10 ms")
+    record("sandbox_latency", figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Everything a sandbox can be told: its data, its credentials, its limits and its faults."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from connectors.clinical_records.catalogue import TOKEN_LIFETIME_SECONDS
+
+
+def _secret(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_urlsafe(18)}"
+
+
+@dataclass
+class SandboxConfig:
+    """Data, credentials and behaviour of one sandbox. Faults are all off by default."""
+
+    seed: int = 7
+    scale: float = 1.0
+    # Credentials the sandbox accepts; secrets are fresh per instance unless given.
+    client_id: str = "sandbox-client"
+    client_secret: str = field(default_factory=lambda: _secret("secret"))
+    api_key: str = field(default_factory=lambda: _secret("key"))
+    customer: str = "demo-clinic"
+    token_lifetime: float = float(TOKEN_LIFETIME_SECONDS)
+    # Server-side rate limit per API key (requests/s and burst); None = unlimited.
+    rate: float | None = None
+    burst: int = 10
+    # Faults, changeable at runtime through SandboxServer.configure or POST /_sandbox/faults.
+    latency: float = 0.0  # seconds added to every API request
+    jitter: float = 0.0  # +/- uniform seconds around latency
+    error_rate: float = 0.0  # share of API requests answered 500, 502 or 503
+    drop_rate: float = 0.0  # share of API requests whose connection drops mid-response
+    throttle_rate: float = 0.0  # share of API requests answered 429 although within the limit
+    retry_after_fraction: float = 1.0  # share of 429 answers that carry Retry-After
+    drift_every: int = 0  # every N collection requests, the source changes a little
+    fault_seed: int = 1
+
+    RUNTIME: ClassVar[tuple[str, ...]] = (
+        "token_lifetime",
+        "rate",
+        "burst",
+        "latency",
+        "jitter",
+        "error_rate",
+        "drop_rate",
+        "throttle_rate",
+        "retry_after_fraction",
+        "drift_every",
+    )
+
+    def update(self, **changes: object) -> None:
+        """Change runtime settings; an unknown or data-shaping name is refused."""
+        unknown = set(changes) - set(self.RUNTIME)
+        if unknown:
+            raise ValueError(
+                f"cannot change {sorted(unknown)} at runtime; changeable: {list(self.RUNTIME)}"
+            )
+        kinds = {f.name: f.type for f in fields(self)}
+        for name, value in changes.items():
+            if value is not None and not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r} ({kinds[name]})")
+            setattr(self, name, value)

@@ -1,0 +1,62 @@
+"""Injected misbehaviour: latency, server errors, dropped connections, throttling, drift."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from connectors.sandbox.config import SandboxConfig
+
+ERROR_STATUSES: dict[int, tuple[str, str]] = {
+    500: ("InternalServerError", "An unexpected error occurred."),
+    502: ("BadGateway", "The upstream service did not answer properly."),
+    503: ("ServiceUnavailable", "The service is temporarily unavailable."),
+}
+
+
+class FaultInjector:
+    """Decides, per API request, which fault (if any) it suffers; counts what it injected."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.fault_seed)
+        self.injected: Counter[str] = Counter()
+        self._collection_requests = 0
+
+    def delay(self) -> float:
+        c = self.config
+        if c.latency <= 0 and c.jitter <= 0:
+            return 0.0
+        return max(0.0, c.latency + self.rng.uniform(-c.jitter, c.jitter))
+
+    def pick(self) -> str | None:
+        """One of "error", "drop", "throttle" or None, with the configured probabilities."""
+        c = self.config
+        roll = self.rng.random()
+        for kind, share in (
+            ("error", c.error_rate),
+            ("drop", c.drop_rate),
+            ("throttle", c.throttle_rate),
+        ):
+            if roll < share:
+                self.injected[kind] += 1
+                return kind
+            roll -= share
+        return None
+
+    def error_status(self) -> int:
+        status = self.rng.choice(sorted(ERROR_STATUSES))
+        self.injected[f"http_{status}"] += 1
+        return status
+
+    def with_retry_after(self) -> bool:
+        return self.rng.random() < self.config.retry_after_fraction
+
+    def should_drift(self) -> bool:
+        """True on every `drift_every`-th collection request."""
+        self._collection_requests += 1
+        every = self.config.drift_every
+        if every and self._collection_requests % every == 0:
+            self.injected["drift"] += 1
+            return True
+        return False

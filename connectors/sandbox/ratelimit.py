@@ -1,0 +1,43 @@
+"""The service's request limit: a token bucket per API key, answered with 429 and Retry-After."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """`rate` requests per second sustained, `burst` at once; `rate=None` disables it."""
+
+    def __init__(self, rate: float | None, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._buckets: dict[str, _Bucket] = {}
+
+    def reconfigure(self, rate: float | None, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+
+    def acquire(self, key: str) -> float:
+        """Take one token; return 0 when allowed, else the seconds until one is free."""
+        if self.rate is None:
+            return 0.0
+        now = time.monotonic()
+        bucket = self._buckets.setdefault(key, _Bucket(float(self.burst), now))
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+        bucket.updated = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) / self.rate
+
+
+def retry_after_header(wait: float) -> str:
+    """Whole seconds, rounded up and at least 1, as HTTP's delta-seconds form requires."""
+    return str(max(1, math.ceil(wait)))

@@ -1,0 +1,317 @@
+"""The sandbox's data: one sorted table per entity set, patient documents, and a clock.
+
+Tables keep their rows sorted by key, so key order and keyset paging cost a bisection. The
+clock only moves when told (`advance`), which inserts, updates and hard-deletes records the
+way a day at a clinic would; `drift` is a small change between two page requests. The ground
+truth is what a perfect sync would hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from bisect import bisect_left, insort
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from connectors.clinical_records import catalogue as cat
+from connectors.clinical_records.catalogue import EntitySet, Navigation
+from connectors.sandbox import generator
+
+DOCUMENTS_PER_PATIENT = 0.05  # seeded documents: about one patient in twenty has one
+UPDATABLE_SKIP = frozenset({"id", "created_at", "created_by_id"})
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Orders any key: numbers, then strings, then anything odd a hostile row may carry."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (0, value)
+    if isinstance(value, str):
+        return (1, value)
+    return (2, repr(value))
+
+
+class Table:
+    """The current records of one entity set, sorted by key."""
+
+    def __init__(self, entity: EntitySet, rows: list[dict]) -> None:
+        self.entity = entity
+        self.rows: list[dict] = sorted(rows, key=lambda r: _sort_key(r.get(entity.key)))
+        self.keys: list = [r.get(entity.key) for r in self.rows]  # parallel to rows, for bisection
+        self._order: list[tuple[int, Any]] = [_sort_key(k) for k in self.keys]
+        self.by_key: dict[Any, dict] = dict(zip(self.keys, self.rows, strict=True))
+
+    def get(self, key: Any) -> dict | None:
+        return self.by_key.get(key)
+
+    def upsert(self, record: dict) -> None:
+        key = record.get(self.entity.key)
+        order = _sort_key(key)
+        position = bisect_left(self._order, order)
+        if key in self.by_key:
+            self.rows[position] = record
+        else:
+            self._order.insert(position, order)
+            self.keys.insert(position, key)
+            self.rows.insert(position, record)
+        self.by_key[key] = record
+
+    def delete(self, key: Any) -> bool:
+        if key not in self.by_key:
+            return False
+        position = bisect_left(self._order, _sort_key(key))
+        del self._order[position], self.keys[position], self.rows[position]
+        del self.by_key[key]
+        return True
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class DocumentStore:
+    """Patient documents: metadata per patient (sorted by id) and the bytes by id."""
+
+    clock: Any  # () -> datetime, the sandbox clock
+    by_patient: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    content: dict[str, bytes] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)
+    _serial: int = 0
+
+    def add(
+        self,
+        *,
+        patient_id: str,
+        file_name: str,
+        content_type: str,
+        data: bytes,
+        document_type: str | None,
+        description: str | None,
+        uploaded_by_id: str,
+    ) -> dict:
+        self._serial += 1
+        digest = hashlib.sha256(f"{patient_id}/{self._serial}".encode()).hexdigest()
+        doc_id = f"doc-{digest[:20]}"
+        uploaded = self.clock() + timedelta(microseconds=self._serial)
+        meta = {
+            "id": doc_id,
+            "patient_id": patient_id,
+            "file_name": file_name,
+            "content_type": content_type,
+            "file_size_bytes": len(data),
+            "document_type": document_type,
+            "description": description,
+            "uploaded_by_id": uploaded_by_id,
+            "uploaded_at": uploaded.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        }
+        insort(self.by_patient[patient_id], meta, key=lambda m: m["id"])
+        self.content[doc_id] = data
+        self.owner[doc_id] = patient_id
+        return dict(meta)
+
+    def list(self, patient_id: str) -> list[dict]:
+        return self.by_patient.get(patient_id, [])
+
+    def get(self, patient_id: str, doc_id: str) -> tuple[dict, bytes] | None:
+        if self.owner.get(doc_id) != patient_id:
+            return None
+        return self.get_any(doc_id)
+
+    def get_any(self, doc_id: str) -> tuple[dict, bytes] | None:
+        patient_id = self.owner.get(doc_id)
+        if patient_id is None:
+            return None
+        meta = next(m for m in self.by_patient[patient_id] if m["id"] == doc_id)
+        return dict(meta), self.content[doc_id]
+
+    def delete(self, patient_id: str, doc_id: str) -> bool:
+        if self.owner.get(doc_id) != patient_id:
+            return False
+        self.by_patient[patient_id] = [m for m in self.by_patient[patient_id] if m["id"] != doc_id]
+        del self.content[doc_id], self.owner[doc_id]
+        return True
+
+    def all(self) -> list[dict]:
+        return [dict(m) for docs in self.by_patient.values() for m in docs]
+
+
+# Small, valid-looking files per accepted type, for seeded documents.
+SAMPLE_BYTES: dict[str, bytes] = {
+    "application/pdf": b"%PDF-1.4\n% sandbox document\n%%EOF\n",
+    "image/png": b"\x89PNG\r\n\x1a\n" + b"\x00" * 24,
+    "image/jpeg": b"\xff\xd8\xff\xe0" + b"\x00" * 24 + b"\xff\xd9",
+}
+
+
+class Store:
+    """Every table, the documents and the clock of one sandbox; guard with `lock`."""
+
+    def __init__(self, seed: int = 7, scale: float = 1.0, now: datetime | None = None) -> None:
+        self.seed = seed
+        self.scale = scale
+        self.now = now or generator.EPOCH
+        self.lock = threading.RLock()
+        self.tables: dict[str, Table] = {
+            name: Table(cat.BY_NAME[name], rows)
+            for name, rows in generator.generate(seed, scale, self.now).items()
+        }
+        self.documents = DocumentStore(clock=lambda: self.now)
+        self._rng = np.random.default_rng([seed, 99])
+        self._next_id = {
+            e.name: generator.first_id(e) + generator.size_of(e, scale) for e in cat.ENTITY_SETS
+        }
+        self._indexes: dict[tuple[str, str], dict[str, list[dict]]] = {}
+        self._seed_documents()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def table(self, name: str) -> Table:
+        return self.tables[name]
+
+    def related(self, entity: EntitySet, nav: Navigation, record: dict) -> list[dict]:
+        """Records of `nav.target` whose `remote` equals this record's `local`, comparing
+        as text: the same id is a number on one side and a string on the other."""
+        value = record.get(nav.local)
+        if value is None:
+            return []
+        return self._index(nav.target, nav.remote).get(str(value), [])
+
+    def _index(self, target: str, remote: str) -> dict[str, list[dict]]:
+        index = self._indexes.get((target, remote))
+        if index is None:
+            index = defaultdict(list)
+            for row in self.tables[target].rows:
+                value = row.get(remote)
+                if value is not None:
+                    index[str(value)].append(row)
+            self._indexes[(target, remote)] = index
+        return index
+
+    def counts(self) -> dict[str, int]:
+        return {name: len(t) for name, t in self.tables.items()}
+
+    def ground_truth(self) -> dict[str, list[dict]]:
+        """Every current record of every set (and the document metadata), as served."""
+        truth = {name: [dict(r) for r in t.rows] for name, t in self.tables.items()}
+        truth[cat.DOCUMENTS.name] = self.documents.all()
+        return truth
+
+    # -- changing ---------------------------------------------------------------------------
+
+    def advance(
+        self,
+        seconds: float = 86400,
+        insert_fraction: float = 0.01,
+        update_fraction: float = 0.01,
+        delete_fraction: float = 0.002,
+    ) -> dict[str, dict[str, int]]:
+        """Move the clock; insert, update and hard-delete records in every set."""
+        for name, value in (
+            ("seconds", seconds),
+            ("insert_fraction", insert_fraction),
+            ("update_fraction", update_fraction),
+            ("delete_fraction", delete_fraction),
+        ):
+            if not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        before = self.now
+        self.now = before + timedelta(seconds=seconds)
+        summary = {}
+        for name, table in self.tables.items():
+            n = len(table)
+            deleted = self._delete(table, self._share(n, delete_fraction))
+            updated = self._update(table, self._share(n, update_fraction), before)
+            inserted = self._insert(table, self._share(n, insert_fraction), before)
+            summary[name] = {"inserted": inserted, "updated": updated, "deleted": deleted}
+        self._indexes.clear()
+        return summary
+
+    def drift(self, entity: EntitySet | None = None) -> None:
+        """A small change between page requests: one insert and one update, in one set or all."""
+        targets = [self.tables[entity.name]] if entity else list(self.tables.values())
+        before = self.now
+        self.now = before + timedelta(seconds=1)
+        for table in targets:
+            self._insert(table, 1, before)
+            self._update(table, 1, before)
+        self._indexes.clear()
+
+    def plant(self, entity: EntitySet, record: dict) -> None:
+        """Put any record, even a malformed one, into a set (hostile-data tests)."""
+        self.tables[entity.name].upsert(record)
+        self._indexes.clear()
+
+    def _share(self, n: int, fraction: float) -> int:
+        return int(self._rng.binomial(n, min(fraction, 1.0))) if n else 0
+
+    def _insert(self, table: Table, n: int, after: datetime) -> int:
+        if n == 0:
+            return 0
+        name = table.entity.name
+        made = {k: t.rows for k, t in self.tables.items()}
+        records = generator.make_records(
+            table.entity,
+            n,
+            rng=self._rng,
+            made=made,
+            first_id=self._next_id[name],
+            now=self.now.timestamp(),
+            created_after=after.timestamp(),
+        )
+        self._next_id[name] += n
+        for record in records:
+            table.upsert(record)
+        return n
+
+    def _update(self, table: Table, n: int, after: datetime) -> int:
+        """Change a few fields of `n` records, with values a new record would have, and move
+        their `updated_at` past `after` where the set has one."""
+        if n == 0 or not len(table):
+            return 0
+        entity = table.entity
+        template = generator.make_records(
+            entity,
+            n,
+            rng=self._rng,
+            made={k: t.rows for k, t in self.tables.items()},
+            first_id=0,
+            now=self.now.timestamp(),
+            created_after=after.timestamp(),
+        )
+        changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
+        picks = self._rng.choice(len(table), size=min(n, len(table)), replace=False).tolist()
+        for index, fresh in zip(picks, template, strict=False):
+            record = dict(table.rows[index])
+            for name in self._rng.choice(changeable, size=min(3, len(changeable)), replace=False):
+                record[str(name)] = fresh[str(name)]
+            if "updated_at" in entity.by_name:
+                record["updated_at"] = fresh["updated_at"]
+            table.upsert(record)
+        return len(picks)
+
+    def _delete(self, table: Table, n: int) -> int:
+        if n == 0 or not len(table):
+            return 0
+        picks = self._rng.choice(len(table), size=min(n, len(table)), replace=False)
+        keys = [table.rows[i].get(table.entity.key) for i in picks.tolist()]
+        return sum(table.delete(key) for key in keys)
+
+    def _seed_documents(self) -> None:
+        patients = self.tables[cat.PATIENTS.name].rows
+        rng = np.random.default_rng([self.seed, 98])
+        kinds = list(SAMPLE_BYTES)
+        for i in np.flatnonzero(rng.random(len(patients)) < DOCUMENTS_PER_PATIENT).tolist():
+            content_type = kinds[i % len(kinds)]
+            self.documents.add(
+                patient_id=patients[i]["id"],
+                file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
+                content_type=content_type,
+                data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
+                document_type=["Prescription", "Insurance card", None][i % 3],
+                description=None if i % 4 else "Scanned on intake",
+                uploaded_by_id=str(1 + i % 50),
+            )

@@ -1,0 +1,59 @@
+"""Shared fixtures: a running sandbox on 127.0.0.1 and an authenticated HTTP client for it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from connectors.clinical_records.catalogue import SCOPE_PREFIX
+from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.server import SandboxServer
+
+
+def fetch_token(server: SandboxServer) -> str:
+    response = httpx.post(
+        f"{server.auth_url}/oauth2/token",
+        data={
+            "grant_type": "client_credentials",
+            "client_id": server.config.client_id,
+            "client_secret": server.config.client_secret,
+            "scope": f"{SCOPE_PREFIX}{server.config.customer}",
+        },
+    )
+    response.raise_for_status()
+    return response.json()["access_token"]
+
+
+def api_client(server: SandboxServer) -> httpx.Client:
+    """An httpx client that sends the spec's headers; paths are relative to {base_url}."""
+    return httpx.Client(
+        base_url=server.base_url + "/",
+        headers={
+            "Authorization": f"Bearer {fetch_token(server)}",
+            "x-api-key": server.config.api_key,
+            "Accept": "application/json",
+        },
+        timeout=30,
+    )
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[SandboxServer]:
+    """A read-only sandbox shared by the tests that do not change it."""
+    with SandboxServer(SandboxConfig(seed=11, scale=0.2)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def api(sandbox: SandboxServer) -> Iterator[httpx.Client]:
+    with api_client(sandbox) as client:
+        yield client
+
+
+@pytest.fixture
+def fresh_sandbox() -> Iterator[SandboxServer]:
+    """A small sandbox of its own, for tests that mutate data or inject faults."""
+    with SandboxServer(SandboxConfig(seed=5, scale=0.05)) as server:
+        yield server

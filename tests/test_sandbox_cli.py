@@ -1,0 +1,47 @@
+"""`clinical-sync sandbox` serves a sandbox and prints settings a client can use as they are."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_sandbox_command_prints_working_env_lines():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "sandbox", "--port", "0", "--scale", "0.02"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        env = {}
+        while len(env) < 6:  # the six CLINICAL_* lines (no rate limit set)
+            line = process.stdout.readline()
+            assert line, process.stderr.read()
+            name, _, value = line.strip().partition("=")
+            env[name] = value
+        token = httpx.post(
+            f"{env['CLINICAL_AUTH_URL']}/oauth2/token",
+            data={
+                "grant_type": "client_credentials",
+                "client_id": env["CLINICAL_CLIENT_ID"],
+                "client_secret": env["CLINICAL_CLIENT_SECRET"],
+                "scope": f"svc-customer-api/{env['CLINICAL_CUSTOMER']}",
+            },
+        ).json()["access_token"]
+        response = httpx.get(
+            f"{env['CLINICAL_API_BASE_URL']}/Branches",
+            headers={"Authorization": f"Bearer {token}", "x-api-key": env["CLINICAL_API_KEY"]},
+        )
+        assert response.status_code == 200
+        assert response.json()["value"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    # The secrets go to stdout as env lines only, never to the log stream.
+    assert env["CLINICAL_CLIENT_SECRET"] not in process.stderr.read()
