@@ -354,6 +354,17 @@ def test_injected_throttle_with_and_without_retry_after(fresh_sandbox):
         assert "retry-after" in client.get("Branches").headers
 
 
+def test_injected_garble_is_a_200_a_client_cannot_parse(fresh_sandbox):
+    fresh_sandbox.configure(garble_rate=1.0)
+    with api_client(fresh_sandbox) as client:
+        for _ in range(6):
+            response = client.get("Branches")
+            assert response.status_code == 200
+            with pytest.raises(ValueError):
+                response.json()
+    assert fresh_sandbox.stats()["injected_garble"] == 6
+
+
 def test_latency_is_added(fresh_sandbox):
     fresh_sandbox.configure(latency=0.3)
     with api_client(fresh_sandbox) as client:
@@ -394,3 +405,24 @@ def test_advance_mutates_and_truth_reflects_it(fresh_sandbox):
 
 def test_controls_are_off_the_spec_paths(api):
     assert api.get("_sandbox/truth").status_code == 404
+
+
+def test_plant_serves_a_hostile_record_as_given(fresh_sandbox):
+    headers = {"x-api-key": fresh_sandbox.config.api_key}
+    hostile = {"id": 10**9, "total_claim_amount": "12x.5", 'x"; drop table claims; --': 1}
+    planted = httpx.post(
+        f"{fresh_sandbox.origin}/_sandbox/plant",
+        json={"entity": "Claims", "record": hostile},
+        headers=headers,
+    )
+    assert planted.status_code == 200
+    with api_client(fresh_sandbox) as client:
+        body = client.get("Claims", params={"$filter": f"id eq {10**9}"}).json()
+    assert body["value"] == [hostile]
+    unknown = httpx.post(
+        f"{fresh_sandbox.origin}/_sandbox/plant",
+        json={"entity": "Nope", "record": {}},
+        headers=headers,
+    )
+    assert unknown.status_code == 400
+    assert "Nope" in unknown.json()["error"]["message"]

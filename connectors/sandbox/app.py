@@ -188,6 +188,8 @@ class Sandbox:
             return DroppedResponse()
         if kind == "throttle":
             return self._too_many(1.0)
+        if kind == "garble":
+            return Response(self.faults.garbled_body(), 200, media_type="application/json")
         return None
 
     def _too_many(self, wait: float) -> Response:
@@ -364,12 +366,16 @@ class Sandbox:
             if action == "faults" and request.method == "POST":
                 self.configure(**body)
                 return json_response({name: getattr(self.config, name) for name in body})
+            if action == "plant" and request.method == "POST":
+                with self.store.lock:
+                    self.store.plant(cat.entity(body["entity"]), body["record"])
+                return json_response({"planted": 1})
             if action == "truth":
                 with self.store.lock:
                     return json_response(self.store.ground_truth())
             if action == "stats":
                 return json_response(self.stats())
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, KeyError) as error:
             return error_response(ODataError(400, "InvalidControl", str(error)))
         return error_response(not_found(f"Unknown sandbox control {request.method} {action}."))
 

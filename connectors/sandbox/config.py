@@ -35,6 +35,7 @@ class SandboxConfig:
     drop_rate: float = 0.0  # share of API requests whose connection drops mid-response
     throttle_rate: float = 0.0  # share of API requests answered 429 although within the limit
     retry_after_fraction: float = 1.0  # share of 429 answers that carry Retry-After
+    garble_rate: float = 0.0  # share of API requests answered 200 with a non-JSON or cut body
     drift_every: int = 0  # every N collection requests, the source changes a little
     fault_seed: int = 1
 
@@ -48,6 +49,7 @@ class SandboxConfig:
         "drop_rate",
         "throttle_rate",
         "retry_after_fraction",
+        "garble_rate",
         "drift_every",
     )
 

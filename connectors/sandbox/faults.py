@@ -14,6 +14,13 @@ ERROR_STATUSES: dict[int, tuple[str, str]] = {
 }
 
 
+GARBLED_BODIES: tuple[bytes, ...] = (
+    b'{"@odata.context":"$metadata#X","value":[{"id":1,"name":"cut her',
+    b"<html><body>502 Bad Gateway</body></html>",
+    b"",
+)
+
+
 class FaultInjector:
     """Decides, per API request, which fault (if any) it suffers; counts what it injected."""
 
@@ -30,13 +37,14 @@ class FaultInjector:
         return max(0.0, c.latency + self.rng.uniform(-c.jitter, c.jitter))
 
     def pick(self) -> str | None:
-        """One of "error", "drop", "throttle" or None, with the configured probabilities."""
+        """One of "error", "drop", "throttle", "garble" or None, with the configured odds."""
         c = self.config
         roll = self.rng.random()
         for kind, share in (
             ("error", c.error_rate),
             ("drop", c.drop_rate),
             ("throttle", c.throttle_rate),
+            ("garble", c.garble_rate),
         ):
             if roll < share:
                 self.injected[kind] += 1
@@ -48,6 +56,10 @@ class FaultInjector:
         status = self.rng.choice(sorted(ERROR_STATUSES))
         self.injected[f"http_{status}"] += 1
         return status
+
+    def garbled_body(self) -> bytes:
+        """A 200 body a client must not trust: cut mid-record, or not JSON at all."""
+        return self.rng.choice(GARBLED_BODIES)
 
     def with_retry_after(self) -> bool:
         return self.rng.random() < self.config.retry_after_fraction
