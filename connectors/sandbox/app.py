@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -138,7 +139,8 @@ class Sandbox:
                     self._api,
                     methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"],
                 ),
-            ]
+            ],
+            exception_handlers={404: unrouted},
         )
 
     # -- the gate ---------------------------------------------------------------------------
@@ -171,6 +173,11 @@ class Sandbox:
             return await self.handlers[resource.kind](request, resource)
         except ODataError as error:
             return error_response(error)
+        except HTTPException as error:  # Starlette refusing a body, e.g. a malformed upload form
+            detail = str(error.detail)
+            return error_response(
+                ODataError(error.status_code, "InvalidRequest", "Unreadable request.", detail)
+            )
         except Exception:
             log.exception("sandbox handler failed")  # the traceback, never the request path
             return error_response(ODataError(500, "InternalServerError", "Unexpected error."))
@@ -389,6 +396,11 @@ class Sandbox:
             "tokens_issued": self.tokens.issued,
             **{f"injected_{kind}": n for kind, n in self.faults.injected.items()},
         }
+
+
+async def unrouted(request: Request, exc: Exception) -> Response:
+    """No route matched (a decoded newline defeats `{path:path}`): still the spec's 404 body."""
+    return error_response(not_found("Resource not found."))
 
 
 SANDBOX_USER_ID = "9001"  # the API client's own user, as the service records uploads

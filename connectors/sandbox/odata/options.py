@@ -91,8 +91,12 @@ def _top(text: str, entity: EntitySet, depth: int) -> int:
     return top
 
 
+# A $skip past any table gives an empty page; capped so that skip + top stays a machine int.
+SKIP_CEILING = 2**53
+
+
 def _skip(text: str, entity: EntitySet, depth: int) -> int:
-    return _natural("$skip", text)
+    return min(_natural("$skip", text), SKIP_CEILING)
 
 
 def _natural(option: str, text: str) -> int:
