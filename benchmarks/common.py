@@ -33,12 +33,13 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
     try:
         env: dict[str, str] = {}
         assert proc.stdout is not None
-        while "CLINICAL_CUSTOMER" not in env:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"sandbox exited early: {' '.join(cmd)}")
+        for line in proc.stdout:
+            if not line.strip():  # an empty line ends the settings
+                break
             name, _, value = line.strip().partition("=")
             env[name] = value
+        if "CLINICAL_CUSTOMER" not in env:
+            raise RuntimeError(f"sandbox exited early: {' '.join(cmd)}")
         yield env
     finally:
         proc.terminate()

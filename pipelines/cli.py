@@ -37,7 +37,7 @@ def _sandbox(args: argparse.Namespace) -> int:
     )
     for name, value in server.env().items():
         print(f"{name}={value}")
-    sys.stdout.flush()
+    print(flush=True)  # an empty line ends the settings, for programs that read them
     print(f"serving {server.base_url} (Ctrl-C to stop)", file=sys.stderr)
     server.serve_forever()
     return 0

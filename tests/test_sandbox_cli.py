@@ -13,18 +13,30 @@ pytestmark = pytest.mark.integration
 
 def test_sandbox_command_prints_working_env_lines():
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "sandbox", "--port", "0", "--scale", "0.02"],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "sandbox",
+            "--port",
+            "0",
+            "--scale",
+            "0.02",
+            "--rate",
+            "3",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         env = {}
-        while len(env) < 6:  # the six CLINICAL_* lines (no rate limit set)
-            line = process.stdout.readline()
-            assert line, process.stderr.read()
+        for line in process.stdout:
+            if not line.strip():  # an empty line ends the settings
+                break
             name, _, value = line.strip().partition("=")
             env[name] = value
+        assert env["CLINICAL_RATE_LIMIT"] == "3" and env["CLINICAL_BURST"] == "10"
         token = httpx.post(
             f"{env['CLINICAL_AUTH_URL']}/oauth2/token",
             data={

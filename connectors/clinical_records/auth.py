@@ -1,0 +1,111 @@
+"""OAuth 2.0 client-credentials tokens (spec 5): cached, refreshed early, one refresh at a time.
+
+Many worker threads share one `TokenProvider`. A token is renewed at `REFRESH_AT` of its
+lifetime; when a request gets 401, `invalidate(token)` forgets that token only if it is still
+the current one, so a burst of 401s in flight costs one refresh, not one each.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from connectors.clinical_records.errors import (
+    AUTH_HINTS,
+    AuthenticationError,
+    MalformedResponse,
+    RetryExhausted,
+)
+from connectors.clinical_records.settings import Settings
+
+log = logging.getLogger("connectors.clinical_records.auth")
+
+REFRESH_AT = 0.8  # renew at 80% of expires_in
+TOKEN_ATTEMPTS = 5
+RETRIABLE_TOKEN_ERRORS = (httpx.TransportError,)
+
+
+class TokenProvider:
+    """Hands out a valid bearer token; fetches a new one when due or after a 401."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        http: httpx.Client,
+        on_refresh: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._settings = settings
+        self._http = http
+        self._on_refresh = on_refresh
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._renew_at = 0.0
+
+    def token(self) -> str:
+        token = self._token
+        if token is not None and time.monotonic() < self._renew_at:
+            return token
+        with self._lock:
+            if self._token is None or time.monotonic() >= self._renew_at:
+                self._fetch()
+            assert self._token is not None
+            return self._token
+
+    def invalidate(self, token: str) -> None:
+        """The service refused `token`: renew on next use, unless another thread already did."""
+        with self._lock:
+            if self._token == token:
+                self._token = None
+
+    def _fetch(self) -> None:
+        s = self._settings
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": s.client_id,
+            "client_secret": s.client_secret,
+            "scope": s.scope,
+        }
+        for attempt in range(1, TOKEN_ATTEMPTS + 1):
+            started = time.monotonic()
+            try:
+                response = self._http.post(f"{s.auth_url}/oauth2/token", data=form)
+            except RETRIABLE_TOKEN_ERRORS as error:
+                log.warning("POST token failed attempt=%d error=%s", attempt, type(error).__name__)
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+                continue
+            ms = (time.monotonic() - started) * 1000
+            log.info(
+                "POST token status=%d duration_ms=%.0f attempt=%d",
+                response.status_code,
+                ms,
+                attempt,
+            )
+            if response.status_code >= 500 or response.status_code == 429:
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+                continue
+            body = _json(response)
+            if response.status_code != 200:
+                code = str(body.get("error") or f"http_{response.status_code}")
+                hint = AUTH_HINTS.get(code, "the token service refused the request")
+                raise AuthenticationError(code, hint)
+            token, lifetime = body.get("access_token"), body.get("expires_in")
+            if not isinstance(token, str) or not token:
+                raise MalformedResponse("token response without access_token", "token")
+            seconds = float(lifetime) if isinstance(lifetime, int | float) else 300.0
+            self._token = token
+            self._renew_at = started + max(0.1, seconds * REFRESH_AT)
+            self._on_refresh()
+            return
+        raise RetryExhausted("token service unavailable", TOKEN_ATTEMPTS, "token", None)
+
+
+def _json(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

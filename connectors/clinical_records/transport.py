@@ -1,0 +1,353 @@
+"""HTTP with the service's manners: rate limit, bearer token, bounded retries, safe logs.
+
+Every attempt first takes a slot from the machine-wide limiter. 429, 500, 502, 503, 504,
+connection errors, dropped connections, read timeouts and bodies that are not the promised
+JSON are retried with exponential backoff and jitter (or the server's Retry-After), within
+`max_attempts` and `retry_budget_seconds`. A 401 earns one token refresh and one retry. Other
+4xx raise the typed errors of `errors.py` at once.
+
+A log line per attempt names the method, the entity set, the status, the duration, the
+attempt and the query option *names*: never a URL, a key, a value, a token or a document id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import logging
+import os
+import random
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from connectors.clinical_records.auth import TokenProvider
+from connectors.clinical_records.errors import (
+    ApiError,
+    MalformedResponse,
+    RetryExhausted,
+    api_error,
+    is_retriable_status,
+)
+from connectors.clinical_records.ratelimit import RequestLimiter
+from connectors.clinical_records.settings import Settings
+
+LOGGER_NAME = "connectors.clinical_records"
+
+MIN_RETRY_AFTER = 0.5  # a Retry-After of 0 would hammer the service
+MAX_RETRY_AFTER = 60.0  # an absurd Retry-After is bounded
+BACKOFF_BASE = 0.25
+BACKOFF_CAP = 15.0
+CHUNK = 64 * 1024
+
+# Failures of the connection itself: the request may be retried as it stands.
+RETRIABLE_TRANSPORT = (httpx.TransportError, httpx.DecodingError)
+
+
+@dataclass
+class Counters:
+    """Per-run figures the Dagster assets publish as metadata."""
+
+    requests: int = 0
+    pages: int = 0
+    records: int = 0
+    bytes: int = 0
+    throttled: int = 0
+    retries: int = 0
+    token_refreshes: int = 0
+    wait_seconds: float = 0.0
+    gap_repairs: int = 0  # paging windows that did not join up (the source changed)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def as_dict(self) -> dict[str, float]:
+        with self._lock:
+            values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+        values["wait_seconds"] = round(values["wait_seconds"], 3)
+        return values
+
+
+def path_key(value: object) -> str:
+    """A key written bare inside parentheses (spec 4.2), percent-encoded for the path."""
+    return quote(str(value), safe="")
+
+
+def query_string(params: dict[str, str]) -> str:
+    """`$name=value&...` with spaces as %20 (never '+', which OData could read as a plus)."""
+    return "&".join(f"{quote(k, safe='$')}={quote(v, safe='')}" for k, v in params.items())
+
+
+def retry_after_seconds(header: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds (delta-seconds or HTTP date), bounded; None when absent or bad."""
+    if not header:
+        return None
+    text = header.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, seconds))
+
+
+def backoff(attempt: int) -> float:
+    """Exponential backoff with jitter: uniform in [d/2, d], d = base * 2^(attempt-1), capped."""
+    delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))
+    return random.uniform(delay / 2, delay)
+
+
+def ssl_context(settings: Settings) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if settings.ca_bundle is not None:
+        context.load_verify_locations(cafile=str(settings.ca_bundle))
+    return context
+
+
+def http_client(settings: Settings) -> httpx.Client:
+    return httpx.Client(
+        verify=ssl_context(settings),
+        timeout=httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.read_timeout,
+            pool=None,  # waiting for a pooled connection is bounded by the limiter instead
+        ),
+        limits=httpx.Limits(
+            max_connections=settings.max_in_flight + 2,
+            max_keepalive_connections=settings.max_in_flight + 2,
+        ),
+        follow_redirects=False,
+    )
+
+
+class HideRequestUrls(logging.Filter):
+    """httpx logs every request's full URL at INFO; URLs can hold document ids, so drop those
+    lines (the transport writes its own safe line per request instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("HTTP Request:")
+
+
+logging.getLogger("httpx").addFilter(HideRequestUrls())
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth retrying; `wait` overrides the backoff."""
+
+    def __init__(self, reason: str, wait: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.wait = wait
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logical request; `label` is what the log and errors may name (an entity set)."""
+
+    method: str
+    path: str
+    label: str
+    params: dict[str, str] = field(default_factory=dict)
+    page: int | None = None
+    idempotent: bool = True
+
+
+class Transport:
+    """Sends calls to `{base_url}` with limiter, token, retries, counters and safe logging."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        limiter: RequestLimiter,
+        counters: Counters,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.settings = settings
+        self.limiter = limiter
+        self.counters = counters
+        self.log = logger or logging.getLogger(LOGGER_NAME)
+        self.http = http_client(settings)
+        self.tokens = TokenProvider(
+            settings, self.http, on_refresh=lambda: counters.add(token_refreshes=1)
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def url(self, call: Call) -> str:
+        url = f"{self.settings.base_url}/{call.path}"
+        return f"{url}?{query_string(call.params)}" if call.params else url
+
+    def headers(self, token: str) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {token}",
+            "x-api-key": self.settings.api_key,
+            "Accept": "application/json",
+        }
+
+    # -- JSON calls ---------------------------------------------------------------------------
+
+    def json(
+        self,
+        call: Call,
+        *,
+        validate: Callable[[Any], None] | None = None,
+        body: Callable[[], dict[str, Any]] | None = None,
+    ) -> Any:
+        """The decoded JSON body of `call` (None for 204); `validate` may raise MalformedResponse."""
+
+        def attempt(response: httpx.Response) -> Any:
+            content = response.read()
+            self.counters.add(bytes=len(content))
+            if response.status_code == 204 or not content:
+                if response.status_code == 204:
+                    return None
+                raise _Retry("empty body")
+            try:
+                decoded = json.loads(content)
+            except ValueError:
+                raise _Retry("body is not JSON (truncated or garbled)") from None
+            if validate is not None:
+                try:
+                    validate(decoded)
+                except MalformedResponse as error:
+                    raise _Retry(error.reason) from None
+            return decoded
+
+        return self._send(call, attempt, body)
+
+    # -- streamed downloads -------------------------------------------------------------------
+
+    def download(self, call: Call, destination: Path) -> int:
+        """Stream the body of `call` into `destination` (atomically); returns the byte count."""
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + ".part")
+
+        def attempt(response: httpx.Response) -> int:
+            written = 0
+            try:
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes(CHUNK):
+                        out.write(chunk)
+                        written += len(chunk)
+            finally:
+                self.counters.add(bytes=written)
+            declared = response.headers.get("content-length")
+            encoded = "content-encoding" in response.headers  # Content-Length counts gzip bytes
+            if declared and declared.isdigit() and not encoded and int(declared) != written:
+                raise _Retry("download shorter than its Content-Length")
+            os.replace(partial, destination)
+            return written
+
+        try:
+            return self._send(call, attempt, None)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
+
+    # -- the retry loop -----------------------------------------------------------------------
+
+    def _send(
+        self,
+        call: Call,
+        handle: Callable[[httpx.Response], Any],
+        body: Callable[[], dict[str, Any]] | None,
+    ) -> Any:
+        deadline = time.monotonic() + self.settings.retry_budget_seconds
+        refreshed = False
+        reason = ""
+        attempt = 0
+        while attempt < self.settings.max_attempts:
+            attempt += 1
+            waited = self.limiter.acquire()
+            self.counters.add(wait_seconds=waited, requests=1)
+            token = self.tokens.token()
+            started = time.monotonic()
+            status: int | str = "-"
+            try:
+                request = self.http.build_request(
+                    call.method,
+                    self.url(call),
+                    headers=self.headers(token),
+                    **(body() if body else {}),
+                )
+                response = self.http.send(request, stream=True)
+                status = response.status_code
+                try:
+                    if status == 401 and not refreshed:
+                        refreshed = True
+                        self.tokens.invalidate(token)
+                        reason = "401 unauthorized"
+                        self.counters.add(retries=1)
+                        continue
+                    if status == 429:
+                        self.counters.add(throttled=1)
+                        told = retry_after_seconds(response.headers.get("retry-after"))
+                        pause = told if told is not None else backoff(attempt)
+                        self.limiter.throttled(pause)
+                        raise _Retry("429 too many requests", pause)
+                    if is_retriable_status(status) and (call.idempotent or status == 503):
+                        raise _Retry(f"HTTP {status}")
+                    if status >= 400:
+                        raise self._refusal(call, response)
+                    result = handle(response)
+                finally:
+                    response.close()
+                    self._log(call, status, started, attempt)
+            except _Retry as retry:
+                reason, wait = retry.reason, retry.wait
+            except RETRIABLE_TRANSPORT as error:
+                reason, wait = type(error).__name__, None
+                if status == "-":  # failed before a status line, so not logged yet
+                    self._log(call, reason, started, attempt)
+                if not call.idempotent and not isinstance(error, httpx.ConnectError):
+                    # the service may have acted on it: sending it again could duplicate it
+                    raise RetryExhausted(reason, attempt, call.label, call.page) from None
+            else:
+                self.limiter.succeeded()
+                return result
+            delay = backoff(attempt) if wait is None else wait
+            if attempt >= self.settings.max_attempts or time.monotonic() + delay > deadline:
+                break
+            self.counters.add(retries=1, wait_seconds=delay)
+            time.sleep(delay)
+        raise RetryExhausted(reason, attempt, call.label, call.page)
+
+    def _refusal(self, call: Call, response: httpx.Response) -> ApiError:
+        content = response.read()
+        self.counters.add(bytes=len(content))
+        try:
+            body = json.loads(content) if content else None
+        except ValueError:
+            body = None
+        return api_error(response.status_code, body, call.label, call.page)
+
+    def _log(self, call: Call, status: int | str, started: float, attempt: int) -> None:
+        self.log.info(
+            "%s %s status=%s duration_ms=%.0f attempt=%d options=%s",
+            call.method,
+            call.label,
+            status,
+            (time.monotonic() - started) * 1000,
+            attempt,
+            ",".join(call.params) or "-",
+        )

@@ -1,0 +1,38 @@
+"""Shared by the connector tests: settings for a sandbox, ids read, ground truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.query import Query
+from connectors.clinical_records.settings import Settings
+from connectors.sandbox.server import SandboxServer
+
+
+def settings_for(server: SandboxServer, tmp_path: Path, **env: str) -> Settings:
+    """Settings for `server`; unlimited sandboxes get a generous client limit."""
+    values = {
+        "CLINICAL_RATE_LIMIT": "200",
+        "CLINICAL_BURST": "50",
+        **server.env(),
+        "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
+        "CLINICAL_READ_TIMEOUT": "10",
+        **env,
+    }
+    return Settings.from_env(values, dotenv_path=None)
+
+
+def read_ids(client: ClinicalClient, entity: EntitySet, query: Query | None = None) -> list:
+    return [r[entity.key] for page in client.iter_pages(entity, query) for r in page.records]
+
+
+def truth_ids(server: SandboxServer, entity: EntitySet) -> set:
+    response = httpx.get(
+        f"{server.origin}/_sandbox/truth", headers={"x-api-key": server.config.api_key}
+    )
+    response.raise_for_status()
+    return {record[entity.key] for record in response.json()[entity.name]}
