@@ -1,0 +1,314 @@
+"""Load throughput: appointment pages through decode, normalise, Parquet and the DuckDB merge.
+
+Two cases on the same records: an initial load into empty tables, and a merge of the same
+records again with 10% changed. The same pages go through dlt (`pip install -e '.[bench]'`)
+into DuckDB with `write_disposition="merge"`, in the same run, for the ratio.
+Each engine runs in its own process, so each peak RSS is its own.
+
+Run: .venv/bin/python benchmarks/load_throughput.py [--records 1000000] [--workers 2]
+Targets: >= 100,000 records/s initial, >= 50,000 merge, >= 3x dlt, peak RSS < 1 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import record
+from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
+
+try:  # the fastest decoder available; dlt brings orjson with the bench extra
+    import orjson
+
+    decode = orjson.loads
+    DECODER = "orjson"
+except ImportError:  # pragma: no cover
+    decode = json.loads
+    DECODER = "json"
+
+GIB = 1024**3
+
+
+def appointment(i: int, changed: bool) -> dict[str, object]:
+    """One record as the sandbox sends it: string ids, offsets, fractions, unicode, quotes."""
+    return {
+        "id": f"apt-{i:08d}",
+        "patient_id": str(1000 + i % 50_000),
+        "appointment_date": f"2026-{1 + i % 12:02d}-{1 + i % 28:02d}",
+        "start_time": f"{8 + i % 9:02d}:{i % 60:02d}:00",
+        "end_time": f"{9 + i % 9:02d}:{i % 60:02d}:00",
+        "start_time_new": None,
+        "end_time_new": None,
+        "start_datetime": f"2026-01-{1 + i % 28:02d}T09:30:00.{i % 1000:03d}+02:00",
+        "end_datetime": f"2026-01-{1 + i % 28:02d}T10:00:00-05:00",
+        "status": "Completed" if changed else "Scheduled",
+        "visit_type": "Telehealth" if i % 3 else "In-Person",
+        "appointment_type_id": f"type-{i % 20}",
+        "branch_id": str(1 + i % 40),
+        "user_id": str(500 + i % 300),
+        "user_two_id": None,
+        "user_three_id": None,
+        "user_four_id": None,
+        "user_type": "Clinician",
+        "user_type_id": str(i % 5),
+        "notes": f'Zoë said "see you" — visit {i}',
+        "prescription_id": str(10_000 + i % 80_000),
+        "prescription_two_id": None,
+        "recurring": i % 7 == 0,
+        "recurring_appointment_id": None,
+        "custom_recurrence": False,
+        "rescheduled_from": None,
+        "rescheduled_to": None,
+        "confirmation_code": f"C{i:09d}",
+        "confirmation_sent": True,
+        "confirmation_status": "Confirmed",
+        "confirmation_updated_at": "2025-12-31T23:59:59.1234567Z",
+        "confirmation_request_sent_date": "2025-12-30",
+        "confirmation_request_sent_status": "Sent",
+        "survey_sent_date": None,
+        "survey_sent_status": None,
+        "survey_completed": False,
+        "delivery_location_id": str(i % 10),
+        "calendar_event_id": f"evt-{i}",
+        "source_id": str(i),
+        "source_name": "legacy",
+        "created_at": "2025-11-01T08:00:00+00:00",
+        "updated_at": "2026-01-05T10:00:00+01:00" if changed else "2026-01-01T10:00:00+01:00",
+        "created_by_id": "5",
+        "updated_by_id": "6",
+    }
+
+
+def write_pages(path: Path, records: int, change_every: int | None) -> None:
+    """The API's pages, one JSON envelope per line (generated before any clock starts)."""
+    with path.open("wb") as out:
+        for start in range(0, records, PAGE_SIZE):
+            rows = [
+                appointment(i, change_every is not None and i % change_every == 0)
+                for i in range(start, min(start + PAGE_SIZE, records))
+            ]
+            page = {"@odata.context": "$metadata#Appointments", "value": rows}
+            out.write(json.dumps(page, ensure_ascii=False).encode() + b"\n")
+
+
+def byte_ranges(path: Path, pages_per_batch: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each run of `pages_per_batch` lines: workers read their own."""
+    offset = size = count = 0
+    with path.open("rb") as src:
+        for line in src:
+            size += len(line)
+            count += 1
+            if count == pages_per_batch:
+                yield offset, size
+                offset, size, count = offset + size, 0, 0
+    if size:
+        yield offset, size
+
+
+def peak_rss() -> int:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) * 1024
+
+
+# -- our pipeline -----------------------------------------------------------------------
+
+
+def extract_batch(pages: str, span: tuple[int, int], lake_root: str, run_id: str) -> str:
+    """Decode + normalise + write one Parquet batch (what an extraction step does)."""
+    from warehouse.lake import Lake
+    from warehouse.normalise import normalise
+
+    with open(pages, "rb") as src:
+        src.seek(span[0])
+        lines = src.read(span[1]).splitlines()
+    records = [r for line in lines for r in decode(line)["value"]]
+    batch = normalise(APPOINTMENTS, records)
+    path = Lake(lake_root).write(
+        APPOINTMENTS,
+        batch.table,
+        run_id=run_id,
+        extracted_at=datetime.now(UTC),
+        rejects=batch.rejects,
+    )
+    return str(path)
+
+
+def run_ours(work: Path, workers: int, pages_per_batch: int) -> dict[str, dict[str, float]]:
+    from warehouse.load import Warehouse
+
+    lake, out = work / "lake", {}
+    shutil.rmtree(lake, ignore_errors=True)
+    (work / "ours.duckdb").unlink(missing_ok=True)
+    for case, pages in (("initial", work / "initial.jsonl"), ("merge", work / "changed.jsonl")):
+        started = time.perf_counter()
+        spans = list(byte_ranges(pages, pages_per_batch))
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [
+                pool.submit(extract_batch, str(pages), span, str(lake), f"bench-{case}")
+                for span in spans
+            ]
+            paths = [f.result() for f in futures]
+        extracted = time.perf_counter()
+        with Warehouse(work / "ours.duckdb") as wh:
+            wh.con.execute("SET memory_limit = '700MB'")
+            wh.ensure_schema()
+            result = wh.load(APPOINTMENTS, paths, run_id=f"bench-{case}")
+        seconds = time.perf_counter() - started
+        out[case] = {
+            "seconds": seconds,
+            "extract_seconds": extracted - started,
+            "load_seconds": seconds - (extracted - started),
+            "records": result.fetched,
+            "inserted": result.inserted,
+            "updated": result.updated,
+            "unchanged": result.unchanged,
+            "peak_rss": peak_rss(),
+        }
+    return out
+
+
+# -- dlt --------------------------------------------------------------------------------
+
+
+def run_dlt(work: Path, records: int) -> dict[str, dict[str, float]]:
+    import dlt
+
+    @dlt.resource(name="appointments", write_disposition="merge", primary_key="id")
+    def appointments(pages: Path) -> Iterator[list[dict[str, object]]]:
+        with pages.open("rb") as src:
+            for _, line in zip(range(-(-records // PAGE_SIZE)), src, strict=False):
+                yield decode(line)["value"]
+
+    shutil.rmtree(work / "dlt", ignore_errors=True)
+    pipeline = dlt.pipeline(
+        pipeline_name="bench_load",
+        pipelines_dir=str(work / "dlt"),
+        destination=dlt.destinations.duckdb(str(work / "dlt.duckdb")),
+        dataset_name="clinical",
+    )
+    (work / "dlt.duckdb").unlink(missing_ok=True)
+    out = {}
+    for case, pages in (("initial", work / "initial.jsonl"), ("merge", work / "changed.jsonl")):
+        started = time.perf_counter()
+        pipeline.run(appointments(pages))
+        seconds = time.perf_counter() - started
+        rows = pipeline.last_trace.last_normalize_info.row_counts.get("appointments", 0)
+        out[case] = {"seconds": seconds, "records": min(rows, records), "peak_rss": peak_rss()}
+    return out
+
+
+# -- driver -----------------------------------------------------------------------------
+
+
+def child(engine: str, work: Path, args: argparse.Namespace) -> None:
+    if engine == "ours":
+        figures = run_ours(work, args.workers, args.pages_per_batch)
+    else:
+        figures = run_dlt(work, args.dlt_records)
+    print(json.dumps(figures))
+
+
+def in_child(engine: str, work: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        engine,
+        "--work",
+        str(work),
+        "--workers",
+        str(args.workers),
+        "--pages-per-batch",
+        str(args.pages_per_batch),
+        "--dlt-records",
+        str(args.dlt_records),
+    ]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=2, help="extraction processes")
+    parser.add_argument("--pages-per-batch", type=int, default=200, help="pages per Parquet file")
+    parser.add_argument("--skip-dlt", action="store_true")
+    parser.add_argument(
+        "--dlt-records",
+        type=int,
+        default=100_000,
+        help="records dlt loads (the first pages); ~1,000 rec/s here, so 1M takes half an hour",
+    )
+    parser.add_argument("--child", choices=["ours", "dlt"], help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.work, args)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="load-throughput-"))
+    try:
+        started = time.perf_counter()
+        write_pages(work / "initial.jsonl", args.records, None)
+        write_pages(work / "changed.jsonl", args.records, 10)
+        print(
+            f"{args.records:,} appointment records in {args.records // PAGE_SIZE:,} pages "
+            f"(generated in {time.perf_counter() - started:.1f} s; decoder {DECODER})"
+        )
+        engines = {"ours": in_child("ours", work, args)}
+        if not args.skip_dlt:
+            engines["dlt"] = in_child("dlt", work, args)
+        figures: dict[str, object] = {"records": args.records, "decoder": DECODER}
+        for case in ("initial", "merge"):
+            for engine, results in engines.items():
+                r = results[case]
+                rate = r["records"] / r["seconds"]
+                figures[f"{engine}_{case}_records_per_s"] = round(rate)
+                figures[f"{engine}_{case}_peak_rss_mib"] = round(r["peak_rss"] / 2**20)
+                extra = ""
+                if engine == "ours":
+                    extra = (
+                        f" (extract {r['extract_seconds']:.1f} s, load {r['load_seconds']:.1f} s;"
+                        f" inserted {r['inserted']:,}, updated {r['updated']:,},"
+                        f" unchanged {r['unchanged']:,})"
+                    )
+                print(
+                    f"{case:8} {engine:5} {r['records']:>9,} rec {r['seconds']:7.1f} s {rate:9,.0f} rec/s "
+                    f"peak RSS {r['peak_rss'] / 2**20:6,.0f} MiB{extra}"
+                )
+            if "dlt" in engines:
+                ratio = figures[f"ours_{case}_records_per_s"] / figures[f"dlt_{case}_records_per_s"]
+                figures[f"{case}_ratio_vs_dlt"] = round(ratio, 2)
+                print(f"{case:8} ratio ours/dlt throughput: {ratio:.2f}x")
+        targets = {
+            "initial >= 100,000 rec/s": figures["ours_initial_records_per_s"] >= 100_000,
+            "merge >= 50,000 rec/s": figures["ours_merge_records_per_s"] >= 50_000,
+            "peak RSS < 1 GiB": max(engines["ours"][c]["peak_rss"] for c in ("initial", "merge"))
+            < GIB,
+        }
+        if "dlt" in engines:
+            targets[">= 3x dlt"] = (
+                min(figures["initial_ratio_vs_dlt"], figures["merge_ratio_vs_dlt"]) >= 3
+            )
+        for target, met in targets.items():
+            print(f"target {target}: {'met' if met else 'NOT met'}")
+        record("load_throughput", figures)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

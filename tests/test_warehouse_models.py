@@ -1,0 +1,189 @@
+"""The analytics views link prescriptions, claims, verifications, patients and physicians."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+import pytest
+
+from connectors.clinical_records.catalogue import (
+    APPOINTMENT_TYPES,
+    APPOINTMENTS,
+    BRANCHES,
+    CLAIMS,
+    INSURANCE_VERIFICATIONS,
+    PATIENTS,
+    PHYSICIANS,
+    PRESCRIPTIONS,
+)
+from tests.warehouse_records import Harness, record
+
+
+@pytest.fixture
+def linked(tmp_path):
+    h = Harness(tmp_path)
+    h.sync(PATIENTS, [record(PATIENTS, 10, id="10", first_name="Zoë", last_name="O'Brien")])
+    h.sync(BRANCHES, [record(BRANCHES, 3, name="North")])
+    h.sync(
+        PHYSICIANS,
+        [
+            record(PHYSICIANS, 21, id="21", first_name="Ada", last_name="Ref"),
+            record(PHYSICIANS, 22, id="22", first_name="Bo", last_name="Care"),
+        ],
+    )
+    h.sync(APPOINTMENT_TYPES, [record(APPOINTMENT_TYPES, 1)])
+    h.sync(
+        PRESCRIPTIONS,
+        [
+            record(
+                PRESCRIPTIONS,
+                100,
+                patient_id=10,
+                branch_id=3,
+                referring_physician_id=21,
+                primary_care_physician_id=22,
+                prescription_date="2026-01-01",
+                delivered_on="2026-01-11T15:00:00-05:00",
+            ),
+            record(PRESCRIPTIONS, 101, patient_id=10, delivered_on=None),
+        ],
+    )
+    claim = {
+        "total_claim_amount": "0.10",
+        "total_claim_paid": "0.05",
+        "prescription_id": 100,
+        "billing_branch_id": 3,
+    }
+    h.sync(
+        CLAIMS,
+        [
+            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
+            record(
+                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
+            ),
+            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
+            record(CLAIMS, 4, **{**claim, "total_claim_amount": "5.00"}),
+        ],
+        snapshot=True,
+    )
+    # Claim 4 is deleted at the source: a snapshot without it.
+    h.sync(
+        CLAIMS,
+        [
+            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
+            record(
+                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
+            ),
+            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
+        ],
+        day=1,
+        snapshot=True,
+    )
+    h.sync(
+        INSURANCE_VERIFICATIONS,
+        [
+            record(
+                INSURANCE_VERIFICATIONS,
+                7,
+                prescription_id=100,
+                verified_on="2026-01-02",
+                network_type="OUT",
+            ),
+            record(
+                INSURANCE_VERIFICATIONS,
+                8,
+                prescription_id=100,
+                verified_on="2026-01-05",
+                network_type="IN",
+                pre_auth_necessary=True,
+            ),
+            record(INSURANCE_VERIFICATIONS, 9, prescription_id=555),
+        ],
+    )
+    h.sync(
+        APPOINTMENTS,
+        [
+            record(
+                APPOINTMENTS, 1, patient_id="10", prescription_id="100", appointment_type_id="app-1"
+            ),
+            record(
+                APPOINTMENTS,
+                2,
+                patient_id="404",
+                prescription_id="100",
+                appointment_type_id="app-1",
+            ),
+        ],
+    )
+    assert h.wh.refresh_models() == [
+        "01_prescription_claims",
+        "02_prescription_verifications",
+        "03_prescription_summary",
+        "04_broken_references",
+    ]
+    yield h
+    h.close()
+
+
+def test_prescription_claims_excludes_soft_deleted_claims(linked):
+    rows = linked.rows(
+        "SELECT claim_id, total_claim_amount FROM analytics.prescription_claims ORDER BY claim_id"
+    )
+    assert rows == [(1, Decimal("0.10")), (2, Decimal("0.20"))]
+
+
+def test_prescription_verifications(linked):
+    rows = linked.rows(
+        "SELECT verification_id, network_type FROM analytics.prescription_verifications "
+        "WHERE prescription_id = 100 ORDER BY 1"
+    )
+    assert rows == [(7, "OUT"), (8, "IN")]
+
+
+def test_prescription_summary_links_everything(linked):
+    row = linked.rows(
+        """SELECT patient_first_name, patient_last_name, branch_name, referring_physician,
+                  primary_care_physician, claims, total_claim_amount, total_claim_paid,
+                  latest_verification_id, latest_network_type, latest_pre_auth_necessary,
+                  delivered_date, first_claim_date, days_prescription_to_delivery,
+                  days_delivery_to_first_claim, days_prescription_to_first_claim
+           FROM analytics.prescription_summary WHERE prescription_id = 100"""
+    )
+    assert row == [
+        (
+            "Zoë",
+            "O'Brien",
+            "North",
+            "Ada Ref",
+            "Bo Care",
+            2,
+            Decimal("0.30"),
+            Decimal("0.10"),
+            8,
+            "IN",
+            True,
+            date(2026, 1, 11),
+            date(2026, 1, 15),
+            10,
+            4,
+            14,
+        )
+    ]
+    other = linked.rows(
+        "SELECT claims, total_claim_amount, delivered_date FROM analytics.prescription_summary "
+        "WHERE prescription_id = 101"
+    )
+    assert other == [(0, Decimal("0"), None)]
+
+
+def test_broken_references(linked):
+    rows = linked.rows(
+        "SELECT entity, record_id, reference, parent_id FROM analytics.broken_references "
+        "ORDER BY ALL"
+    )
+    assert rows == [
+        ("Appointments", "app-2", "patient_id", "404"),
+        ("Claims", "3", "prescription_id", "999"),
+        ("InsuranceVerifications", "9", "prescription_id", "555"),
+    ]

@@ -1,0 +1,182 @@
+"""Canonical types on a real DuckDB file through real Parquet: money, time, ids, rejects."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, time
+from decimal import Decimal
+
+import pytest
+
+from connectors.clinical_records.catalogue import (
+    APPOINTMENTS,
+    CLAIMS,
+    PATIENTS,
+    PRESCRIPTIONS,
+    EntitySet,
+)
+from tests.warehouse_records import Harness, record
+
+
+@pytest.fixture
+def harness(tmp_path):
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+def test_decimals_round_trip_exactly(harness):
+    claims = [
+        record(CLAIMS, 1, total_claim_amount="0.10"),
+        record(CLAIMS, 2, total_claim_amount="0.20"),
+        record(CLAIMS, 3, total_claim_amount="99999999999999.9999"),
+        record(CLAIMS, 4, total_claim_amount="-0.0001"),
+        record(CLAIMS, 5, total_claim_amount="7"),
+    ]
+    harness.sync(CLAIMS, claims)
+    (total,) = harness.rows(
+        'SELECT sum("total_claim_amount") FROM "clinical"."claims" WHERE "id" IN (1, 2)'
+    )[0]
+    assert total == Decimal("0.30")
+    values = dict(harness.rows('SELECT "id", "total_claim_amount" FROM "clinical"."claims"'))
+    assert values[3] == Decimal("99999999999999.9999")
+    assert values[4] == Decimal("-0.0001")
+    assert values[5] == Decimal("7")
+    (kind,) = harness.rows(
+        "SELECT data_type FROM duckdb_columns() WHERE schema_name = 'clinical' "
+        "AND table_name = 'claims' AND column_name = 'total_claim_amount'"
+    )[0]
+    assert kind == "DECIMAL(18,4)"
+
+
+def test_offsets_are_normalised_to_utc_and_times_parsed(harness):
+    harness.sync(
+        APPOINTMENTS,
+        [
+            record(
+                APPOINTMENTS,
+                1,
+                start_datetime="2026-01-02T09:30:00.1234567+02:00",
+                end_datetime="2026-01-02T10:00:00-05:00",
+                updated_at="2026-01-02T23:30:00Z",
+                start_time="09:30:00",
+                appointment_date="2026-01-02",
+            )
+        ],
+    )
+    start, end, updated, clock, day = harness.rows(
+        'SELECT "start_datetime", "end_datetime", "updated_at", "start_time", '
+        '"appointment_date" FROM "clinical"."appointments"'
+    )[0]
+    assert start == datetime(2026, 1, 2, 7, 30, 0, 123456, tzinfo=UTC)
+    assert end == datetime(2026, 1, 2, 15, 0, tzinfo=UTC)
+    assert updated == datetime(2026, 1, 2, 23, 30, tzinfo=UTC)
+    assert clock == time(9, 30)
+    assert str(day) == "2026-01-02"
+
+
+def test_prescription_created_at_plain_string_becomes_timestamptz(harness):
+    harness.sync(
+        PRESCRIPTIONS,
+        [record(PRESCRIPTIONS, 1, created_at="2026-01-05T12:00:00+01:00", delivered_on=None)],
+    )
+    created, delivered = harness.rows(
+        'SELECT "created_at", "delivered_on" FROM "clinical"."prescriptions"'
+    )[0]
+    assert created == datetime(2026, 1, 5, 11, 0, tzinfo=UTC)
+    assert delivered is None
+
+
+def test_ids_join_across_resources_without_casts(harness):
+    harness.sync(PATIENTS, [record(PATIENTS, 1234, id="1234"), record(PATIENTS, 77, id="77")])
+    harness.sync(APPOINTMENTS, [record(APPOINTMENTS, 1, patient_id="1234")])
+    harness.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 9, patient_id=1234)])
+    rows = harness.rows(
+        'SELECT p."id", a."id", rx."id" FROM "clinical"."patients" p '
+        'JOIN "clinical"."appointments" a ON a."patient_id" = p."id" '
+        'JOIN "clinical"."prescriptions" rx ON rx."patient_id" = p."id"'
+    )
+    assert rows == [(1234, "app-1", 9)]
+    types = dict(
+        harness.rows(
+            "SELECT table_name, data_type FROM duckdb_columns() WHERE schema_name = 'clinical' "
+            "AND column_name = 'patient_id' AND table_name IN ('appointments', 'prescriptions')"
+        )
+    )
+    assert types == {"appointments": "BIGINT", "prescriptions": "BIGINT"}
+
+
+MALFORMED = [
+    (PRESCRIPTIONS, "patient_id", "12a4", "not an integer"),
+    (CLAIMS, "id", "7x", "not an integer"),
+    (CLAIMS, "date_of_service", "2026-13-01", "not a calendar date"),
+    (CLAIMS, "date_of_service", "2026-02-30", "not a calendar date"),
+    (CLAIMS, "date_of_service", "01/02/2026", "not a date"),
+    (CLAIMS, "id", None, "missing (required)"),
+    (CLAIMS, "total_claim_amount", "1.23456", "would lose digits"),
+    (CLAIMS, "total_claim_amount", "123456789012345.5", "would lose digits"),
+    (CLAIMS, "total_claim_amount", "12,50", "not a decimal"),
+    (APPOINTMENTS, "start_datetime", "2026-01-02 soon", "not an ISO 8601 date-time"),
+    (APPOINTMENTS, "start_time", "25:00:00", "not a time"),
+    (CLAIMS, "payment_plan", "yes", "got a JSON string"),
+]
+
+
+@pytest.mark.parametrize(("entity", "name", "value", "reason"), MALFORMED)
+def test_malformed_value_is_a_reject_with_reason_and_the_page_still_loads(
+    harness, entity: EntitySet, name, value, reason
+):
+    bad = record(entity, 2, **{name: value})
+    result = harness.sync(entity, [record(entity, 1), bad, record(entity, 3)])
+    assert (result.inserted, result.rejected, result.fetched) == (2, 1, 3)
+    table = f'"clinical"."{entity.table}"'
+    assert harness.rows(f"SELECT count(*) FROM {table}") == [(2,)]
+    rows = harness.rows(
+        'SELECT "entity", "key", "fields", "reason", "raw_json" FROM "ops"."rejects" '
+        "WHERE \"kind\" = 'reject'"
+    )
+    assert len(rows) == 1
+    ent, key, fields, why, raw = rows[0]
+    assert ent == entity.name and name in fields
+    assert reason in why and why.startswith(name)
+    assert json.loads(raw) == bad
+    assert key == (None if bad[entity.key] is None else str(bad[entity.key]))  # as sent
+
+
+def test_over_long_string_is_kept_in_full_with_a_warning(harness):
+    name = "x" * 40  # max length 25
+    result = harness.sync(PATIENTS, [record(PATIENTS, 1, first_name=name)])
+    assert (result.inserted, result.rejected) == (1, 0)
+    assert harness.rows('SELECT "first_name" FROM "clinical"."patients"') == [(name,)]
+    (why,) = harness.rows('SELECT "reason" FROM "ops"."rejects" WHERE "kind" = \'warning\'')[0]
+    assert "max length 25" in why
+
+
+def test_unknown_fields_are_kept_in_extras_and_reported(harness):
+    harness.sync(PATIENTS, [record(PATIENTS, 1, loyalty_tier="gold", flags={"vip": True})])
+    rows = harness.rows(
+        """SELECT "_extras"->>'loyalty_tier', "_extras"->'flags'->>'vip' FROM "clinical"."patients" """
+    )
+    assert rows == [("gold", "true")]
+    reported = harness.rows(
+        'SELECT "fields"[1] FROM "ops"."rejects" WHERE "kind" = \'warning\' ORDER BY 1'
+    )
+    assert reported == [("flags",), ("loyalty_tier",)]
+
+
+def test_every_table_and_column_has_a_comment(harness):
+    missing = harness.rows(
+        "SELECT schema_name, table_name, column_name FROM duckdb_columns() "
+        "WHERE schema_name IN ('clinical', 'history', 'ops') AND comment IS NULL"
+    )
+    assert missing == []
+    (meaning,) = harness.rows(
+        "SELECT comment FROM duckdb_columns() WHERE schema_name = 'clinical' "
+        "AND table_name = 'claims' AND column_name = 'total_pt_responsibility_amount'"
+    )[0]
+    assert meaning == "Total patient responsibility"
+    uncommented = harness.rows(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name IN ('clinical', 'history', "
+        "'ops') AND comment IS NULL"
+    )
+    assert uncommented == []

@@ -1,0 +1,77 @@
+"""Records as the API sends them, built from the catalogue, and a lake + warehouse harness."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from connectors.clinical_records.catalogue import Canonical, Edm, EntitySet, Field
+from warehouse.lake import Lake
+from warehouse.load import LoadResult, Warehouse
+from warehouse.normalise import normalise
+
+T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
+
+# A valid JSON value per field, by the field's canonical type and its spec type.
+SAMPLE: dict[Canonical, Callable[[Field, int], object]] = {
+    Canonical.VARCHAR: lambda f, i: f"{i % 100}{f.name}"[: f.max_length or 60],
+    Canonical.BIGINT: lambda f, i: str(i) if f.type is Edm.STRING else i,
+    Canonical.DECIMAL: lambda f, i: f"{i}.5",
+    Canonical.BOOLEAN: lambda f, i: i % 2 == 0,
+    Canonical.DATE: lambda f, i: "2026-02-01",
+    Canonical.TIMESTAMPTZ: lambda f, i: "2026-02-01T10:00:00+01:00",
+    Canonical.TIME: lambda f, i: "09:30:00",
+}
+
+
+def record(entity: EntitySet, i: int, **values: object) -> dict[str, object]:
+    """A complete record of `entity` with key `i` (as the spec types it), then `values`."""
+    out: dict[str, object] = {f.name: SAMPLE[f.canonical](f, i) for f in entity.fields}
+    if entity.key_field.canonical is Canonical.VARCHAR:
+        out[entity.key] = f"{entity.table[:3]}-{i}"
+    out.update(values)
+    return out
+
+
+class Harness:
+    """A lake and a warehouse under tmp_path; `sync` normalises, writes a batch and loads it."""
+
+    def __init__(self, root: Path, entities: Sequence[EntitySet] | None = None) -> None:
+        self.lake = Lake(root / "lake")
+        self.path = root / "warehouse.duckdb"
+        kwargs = {"entities": entities} if entities is not None else {}
+        self.wh = Warehouse(self.path, **kwargs)
+        self.wh.open()
+        self.wh.ensure_schema()
+        self.runs = 0
+
+    def write(
+        self, entity: EntitySet, records: list, *, day: int = 0, snapshot: bool = False
+    ) -> Path:
+        self.runs += 1
+        batch = normalise(entity, records)
+        return self.lake.write(
+            entity,
+            batch.table,
+            run_id=f"run-{self.runs:03d}",
+            extracted_at=T0 + timedelta(days=day, seconds=self.runs),
+            rejects=batch.rejects,
+            snapshot_complete=snapshot,
+            watermark=f"w{self.runs}",
+        )
+
+    def sync(
+        self, entity: EntitySet, records: list, *, day: int = 0, snapshot: bool = False
+    ) -> LoadResult:
+        path = self.write(entity, records, day=day, snapshot=snapshot)
+        run_id = Lake.info(path).run_id
+        return self.wh.load(
+            entity, [path], run_id=run_id, snapshot=snapshot, watermark=f"w{self.runs}"
+        )
+
+    def rows(self, sql: str, params: Sequence[object] = ()) -> list[tuple]:
+        return self.wh.con.execute(sql, list(params)).fetchall()
+
+    def close(self) -> None:
+        self.wh.close()

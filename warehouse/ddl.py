@@ -1,0 +1,133 @@
+"""DDL for every warehouse schema, generated from the catalogue (DESIGN.md, DuckDB schemas).
+
+Each statement is idempotent (`IF NOT EXISTS`), so `ensure_schema` may run on every start.
+Every table and column gets a `COMMENT ON` from the spec's meaning or the column's purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from connectors.clinical_records.catalogue import EntitySet
+from warehouse.ident import literal, qualified, quote
+from warehouse.schema import CLINICAL_META, HISTORY_META
+
+CLINICAL, HISTORY, OPS, ANALYTICS = "clinical", "history", "ops", "analytics"
+SCHEMAS: dict[str, str] = {
+    CLINICAL: "Current state of every entity set, one row per record, soft deletes marked",
+    HISTORY: "Type-2 history: every version of every record the syncs have seen",
+    OPS: "Sync bookkeeping: watermarks, runs, rejected rows, loaded batches, source",
+    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded)",
+}
+
+# ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
+Columns = dict[str, tuple[str, str]]
+OPS_TABLES: dict[str, tuple[str, Columns]] = {
+    "sync_state": (
+        "Per entity set: the watermark, written in the same transaction as the rows it covers",
+        {
+            "entity": ("VARCHAR", "Entity set name as the spec writes it"),
+            "watermark": ("VARCHAR", "Cursor value the next incremental run starts from"),
+            "last_run_id": ("VARCHAR", "Run of the last load"),
+            "last_loaded_at": ("TIMESTAMPTZ", "When the last load committed"),
+            "last_extracted_at": ("TIMESTAMPTZ", "Extraction time of the newest loaded batch"),
+            "last_snapshot_at": ("TIMESTAMPTZ", "Extraction time of the last full snapshot"),
+        },
+    ),
+    "sync_runs": (
+        "One row per sync run: when, what, how it ended and what it loaded",
+        {
+            "run_id": ("VARCHAR", "Run identifier"),
+            "started_at": ("TIMESTAMPTZ", "Start of the run"),
+            "finished_at": ("TIMESTAMPTZ", "End of the run; null while running"),
+            "status": ("VARCHAR", "running, success, failed or rebuilt"),
+            "entities": ("VARCHAR[]", "Entity sets the run covers"),
+            "full_snapshot": ("BOOLEAN", "The run asked for full snapshots"),
+            "fetched": ("BIGINT", "Records read from the lake batches"),
+            "inserted": ("BIGINT", "New records"),
+            "updated": ("BIGINT", "Records whose content changed"),
+            "soft_deleted": ("BIGINT", "Records a snapshot no longer contained"),
+            "rejected": ("BIGINT", "Rows set aside in ops.rejects"),
+            "message": ("VARCHAR", "Error summary of a failed run (no PHI)"),
+        },
+    ),
+    "rejects": (
+        "Rows that could not be normalised (kind reject) or were kept with a note (kind warning)",
+        {
+            "entity": ("VARCHAR", "Entity set name"),
+            "key": ("VARCHAR", "Record key as sent, when known"),
+            "kind": ("VARCHAR", "reject: row not loaded; warning: row loaded, note only"),
+            "fields": ("VARCHAR[]", "Fields at fault"),
+            "reason": ("VARCHAR", "Why, per field"),
+            "raw_json": ("JSON", "The record exactly as the API sent it"),
+            "run_id": ("VARCHAR", "Run that extracted the record"),
+            "batch_id": ("VARCHAR", "Lake batch the reject belongs to"),
+            "extracted_at": ("TIMESTAMPTZ", "Extraction time of that batch"),
+        },
+    ),
+    "loaded_batches": (
+        "Every lake batch file loaded, so a reload is recognised",
+        {
+            "batch_id": ("VARCHAR", "Lake batch identifier"),
+            "entity": ("VARCHAR", "Entity set name"),
+            "file": ("VARCHAR", "Path relative to the lake root"),
+            "run_id": ("VARCHAR", "Run that extracted the batch"),
+            "extracted_at": ("TIMESTAMPTZ", "Extraction time of the batch"),
+            "rows": ("BIGINT", "Normalised rows in the batch"),
+            "rejects": ("BIGINT", "Rejects and warnings of the batch"),
+            "loaded_at": ("TIMESTAMPTZ", "When the batch was first loaded"),
+        },
+    ),
+    "source": (
+        "The service the warehouse was built from; a sync from another source is refused",
+        {
+            "base_url": ("VARCHAR", "CLINICAL_API_BASE_URL of the first sync"),
+            "customer": ("VARCHAR", "CLINICAL_CUSTOMER of the first sync"),
+            "recorded_at": ("TIMESTAMPTZ", "When the source was recorded"),
+        },
+    ),
+}
+
+
+def field_columns(entity: EntitySet) -> Columns:
+    """Catalogue fields in their canonical DuckDB types, with the spec's meanings."""
+    return {f.name: (f.canonical.value, f.meaning) for f in entity.fields}
+
+
+def clinical_columns(entity: EntitySet) -> Columns:
+    return {**field_columns(entity), **CLINICAL_META}
+
+
+def history_columns(entity: EntitySet) -> Columns:
+    return {**field_columns(entity), **HISTORY_META}
+
+
+def _table(schema: str, name: str, meaning: str, columns: Columns) -> Iterator[str]:
+    target = qualified(schema, name)
+    body = ",\n  ".join(f"{quote(col)} {kind}" for col, (kind, _) in columns.items())
+    yield f"CREATE TABLE IF NOT EXISTS {target} (\n  {body}\n)"
+    # A table made by an older catalogue gains the fields added since (adding a field is a line).
+    for col, (kind, _) in columns.items():
+        yield f"ALTER TABLE {target} ADD COLUMN IF NOT EXISTS {quote(col)} {kind}"
+    yield f"COMMENT ON TABLE {target} IS {literal(meaning)}"
+    for col, (_, text) in columns.items():
+        yield f"COMMENT ON COLUMN {target}.{quote(col)} IS {literal(text)}"
+
+
+def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
+    """Every DDL statement of the warehouse, in an order DuckDB accepts."""
+    for schema in SCHEMAS:
+        yield f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}"
+    for entity in entities:
+        what = f"{entity.name} ({entity.qualified_type})"
+        yield from _table(
+            CLINICAL,
+            entity.table,
+            f"Current state of {what}, one row per {entity.key}",
+            clinical_columns(entity),
+        )
+        yield from _table(
+            HISTORY, entity.table, f"Every version of {what} seen", history_columns(entity)
+        )
+    for name, (meaning, columns) in OPS_TABLES.items():
+        yield from _table(OPS, name, meaning, columns)

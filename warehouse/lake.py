@@ -1,0 +1,209 @@
+"""The Parquet lake: immutable, hive-partitioned batches, everything rebuild needs.
+
+Layout under the root:
+
+    entity=<table>/extracted_date=<YYYY-MM-DD>/<run_id>-<seq>.parquet   normalised rows
+    _rejects/entity=<table>/<batch_id>.parquet                           that batch's rejects
+    _tmp/                                                                files being written
+    _source.json                                                         base URL and customer
+
+A file is written under `_tmp/` and linked into place (`os.link` is atomic and fails if
+the name exists, so a file is never rewritten); readers globbing
+`<root>/entity=<table>/**/*.parquet` only ever see complete files. Each data file carries
+its batch facts (run, extraction time, snapshot, watermark) as Parquet key-value metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors.clinical_records.catalogue import EntitySet
+from warehouse.errors import SourceMismatch
+from warehouse.normalise import Reject
+from warehouse.schema import arrow_schema
+
+META_KEY = b"clinical_sync.batch"
+SOURCE_FILE = "_source.json"
+FORMAT_VERSION = 1
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+REJECTS_SCHEMA = pa.schema(
+    [
+        ("entity", pa.string()),
+        ("key", pa.string()),
+        ("kind", pa.string()),
+        ("fields", pa.list_(pa.string())),
+        ("reason", pa.string()),
+        ("raw_json", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a lake file says about itself (its key-value metadata)."""
+
+    entity: str
+    table: str
+    run_id: str
+    seq: int
+    extracted_at: str  # ISO 8601, UTC
+    snapshot_id: str | None
+    snapshot_complete: bool
+    watermark: str | None
+    batch_id: str
+    rows: int
+    rejects: int
+    format: int = FORMAT_VERSION
+
+    @property
+    def extracted(self) -> datetime:
+        return datetime.fromisoformat(self.extracted_at)
+
+    @property
+    def order(self) -> tuple[str, str, int]:
+        return (self.extracted_at, self.run_id, self.seq)
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError("extracted_at must be timezone-aware")
+    return moment.astimezone(UTC)
+
+
+class Lake:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def entity_dir(self, entity: EntitySet) -> Path:
+        return self.root / f"entity={entity.table}"
+
+    def write(
+        self,
+        entity: EntitySet,
+        table: pa.Table,
+        *,
+        run_id: str,
+        extracted_at: datetime,
+        snapshot_id: str | None = None,
+        watermark: str | None = None,
+        snapshot_complete: bool = False,
+        rejects: Sequence[Reject] = (),
+    ) -> Path:
+        """Write one normalised batch (and its rejects) atomically; return the data file."""
+        if not RUN_ID_RE.match(run_id):
+            raise ValueError("run_id may hold only letters, digits, '_', '.' and '-'")
+        table = table.cast(arrow_schema(entity))
+        extracted_at = _utc(extracted_at)
+        partition = self.entity_dir(entity) / f"extracted_date={extracted_at.date().isoformat()}"
+        partition.mkdir(parents=True, exist_ok=True)
+        tmp_dir = self.root / "_tmp"
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        batch_id = uuid.uuid4().hex
+        if rejects:
+            self._write_rejects(entity, batch_id, rejects, tmp_dir)
+
+        seq = 1 + max((self._seq(p) for p in partition.glob(f"{run_id}-*.parquet")), default=0)
+        info = BatchInfo(
+            entity=entity.name,
+            table=entity.table,
+            run_id=run_id,
+            seq=seq,
+            extracted_at=extracted_at.isoformat(),
+            snapshot_id=snapshot_id,
+            snapshot_complete=snapshot_complete,
+            watermark=watermark,
+            batch_id=batch_id,
+            rows=table.num_rows,
+            rejects=len(rejects),
+        )
+        tmp = tmp_dir / f"{batch_id}.parquet"
+        while True:
+            meta = {META_KEY: json.dumps(asdict(info)).encode()}
+            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+            final = partition / f"{run_id}-{info.seq:06d}.parquet"
+            try:
+                os.link(tmp, final)
+                break
+            except FileExistsError:  # another writer took this sequence number
+                info = BatchInfo(**{**asdict(info), "seq": info.seq + 1})
+            finally:
+                tmp.unlink(missing_ok=True)
+        return final
+
+    def _write_rejects(
+        self, entity: EntitySet, batch_id: str, rejects: Sequence[Reject], tmp_dir: Path
+    ) -> None:
+        rows = [{**asdict(r), "fields": list(r.fields)} for r in rejects]
+        target = self.root / "_rejects" / f"entity={entity.table}" / f"{batch_id}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_dir / f"{batch_id}.rejects.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, REJECTS_SCHEMA), tmp, compression="zstd")
+        os.replace(tmp, target)
+
+    @staticmethod
+    def _seq(path: Path) -> int:
+        tail = path.stem.rsplit("-", 1)[-1]
+        return int(tail) if tail.isdigit() else 0
+
+    def files(self, entity: EntitySet) -> list[Path]:
+        """Every complete data file of an entity set, oldest batch first."""
+        paths = self.entity_dir(entity).glob("extracted_date=*/*.parquet")
+        return sorted(paths, key=lambda p: self.info(p).order)
+
+    @staticmethod
+    def info(path: Path) -> BatchInfo:
+        meta = pq.read_schema(path).metadata or {}
+        if META_KEY not in meta:
+            raise ValueError(f"{path} is not a clinical-sync lake file (no batch metadata)")
+        return BatchInfo(**json.loads(meta[META_KEY]))
+
+    def read(self, path: Path) -> tuple[pa.Table, BatchInfo]:
+        table = pq.read_table(path, partitioning=None)
+        return table.replace_schema_metadata(None), self.info(path)
+
+    def rejects(self, info: BatchInfo) -> list[Reject]:
+        if not info.rejects:
+            return []
+        path = self.root / "_rejects" / f"entity={info.table}" / f"{info.batch_id}.parquet"
+        rows = pq.read_table(path).to_pylist()
+        return [Reject(**{**r, "fields": tuple(r["fields"])}) for r in rows]
+
+    def source(self) -> dict[str, str] | None:
+        """The service this lake was extracted from (`base_url`, `customer`), if recorded."""
+        path = self.root / SOURCE_FILE
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    def record_source(self, base_url: str, customer: str, force: bool = False) -> None:
+        """Remember the source once; refuse batches from another one unless `force`."""
+        wanted = {"base_url": base_url, "customer": customer}
+        known = self.source()
+        if known == wanted:
+            return
+        if known is not None and not force:
+            raise SourceMismatch(
+                f"lake {self.root} holds data of customer {known['customer']!r} at "
+                f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps(wanted), encoding="utf-8")
+        os.replace(tmp, self.root / SOURCE_FILE)
+
+    @staticmethod
+    def relative_name(path: Path) -> str:
+        """`entity=<t>/extracted_date=<d>/<file>`: a file's identity, whatever the root."""
+        return "/".join(Path(path).parts[-3:])
+
+    @staticmethod
+    def root_of(path: Path) -> Path:
+        return Path(path).parents[2]

@@ -1,0 +1,575 @@
+"""Loading lake batches into DuckDB: one writer, one transaction per load, SQL over Parquet.
+
+A load stages the batches' rows with `read_parquet`, keeps the newest version per key
+(cursor, then extraction time), compares content hashes with `clinical`, and applies the
+plan: inserts, updates, resurrections, type-2 history, soft deletes of a snapshot, rejects,
+the batch ledger and the watermark, all committed together or not at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
+from warehouse import ddl
+from warehouse.errors import SourceMismatch, WarehouseLocked
+from warehouse.ident import column_list, qualified, quote
+from warehouse.lake import BatchInfo, Lake
+from warehouse.normalise import REJECT
+from warehouse.schema import EXTRAS
+
+__all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
+
+LOCK_WORDS = ("could not set lock", "conflicting lock")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one load did; `fetched` counts every row the batches hold, rejects included."""
+
+    fetched: int = 0
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    soft_deleted: int = 0
+    resurrected: int = 0
+    rejected: int = 0
+
+    def __add__(self, other: LoadResult) -> LoadResult:
+        return LoadResult(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+@dataclass(frozen=True)
+class EntityStatus:
+    entity: str
+    table: str
+    rows: int
+    deleted: int
+    rejects: int
+    watermark: str | None
+    last_run_id: str | None
+    last_loaded_at: datetime | None
+
+
+def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+    """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            con.execute("SET TimeZone = 'UTC'")
+            return con
+        except duckdb.IOException as exc:
+            if not any(word in str(exc).lower() for word in LOCK_WORDS):
+                raise
+            if time.monotonic() >= deadline:
+                raise WarehouseLocked(
+                    f"warehouse {path} is locked by another process (one writer at a time); "
+                    "wait for the running sync to finish or set WAREHOUSE_PATH to another file"
+                ) from None
+            time.sleep(0.2)
+
+
+class Warehouse:
+    """The DuckDB warehouse file; a context manager holding DuckDB's write lock while open."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        wait: float = 0.0,
+        entities: Sequence[EntitySet] = ALL_ENTITIES,
+        chunk_rows: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.chunk_rows = chunk_rows or CHUNK_ROWS
+        self.read_only = read_only
+        self.wait = wait
+        self.entities = {e.name: e for e in entities}
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def __enter__(self) -> Warehouse:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if self._con is None:
+            if not self.read_only:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            elif not self.path.exists():
+                raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
+            self._con = _connect(self.path, self.read_only, self.wait)
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            raise RuntimeError("warehouse is not open; use `with Warehouse(path) as wh:`")
+        return self._con
+
+    def entity(self, entity: EntitySet | str) -> EntitySet:
+        name = entity.name if isinstance(entity, EntitySet) else entity
+        for ent in self.entities.values():
+            if name in (ent.name, ent.table):
+                return ent
+        raise KeyError(f"unknown entity set {name!r}")
+
+    # -- schema and models -------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Create (or extend) every schema, table and comment; safe to run on every start."""
+        with self._transaction():
+            for statement in ddl.statements(self.entities.values()):
+                self.con.execute(statement)
+
+    def refresh_models(self) -> list[str]:
+        """Create or replace the analytics views from `warehouse/sql/*.sql`, in name order."""
+        folder = resources.files("warehouse") / "sql"
+        scripts = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str)
+        with self._transaction():
+            for script in scripts:
+                self.con.execute(script.read_text(encoding="utf-8"))
+        return [Path(str(s)).stem for s in scripts]
+
+    # -- source, runs, watermarks ------------------------------------------------------
+
+    def check_source(self, base_url: str, customer: str, force: bool = False) -> None:
+        """Record the source on first use; refuse another one unless `force`."""
+        row = self.con.execute('SELECT "base_url", "customer" FROM "ops"."source"').fetchone()
+        if row is not None and row != (base_url, customer) and not force:
+            raise SourceMismatch(
+                f"warehouse {self.path} was built from another source (customer "
+                f"{row[1]!r} at {row[0]}), not customer {customer!r} at {base_url}; use another "
+                "WAREHOUSE_PATH, or force to adopt the new source"
+            )
+        if row != (base_url, customer):
+            with self._transaction():
+                self.con.execute('DELETE FROM "ops"."source"')
+                self.con.execute(
+                    'INSERT INTO "ops"."source" VALUES (?, ?, now())', [base_url, customer]
+                )
+
+    def record_run(
+        self, run_id: str, entities: Iterable[str], *, full_snapshot: bool = False
+    ) -> None:
+        self.con.execute(
+            'INSERT INTO "ops"."sync_runs" ("run_id", "started_at", "status", "entities", '
+            '"full_snapshot") VALUES (?, now(), ?, ?, ?)',
+            [run_id, "running", list(entities), full_snapshot],
+        )
+
+    def finish_run(
+        self,
+        run_id: str,
+        status: str,
+        results: Mapping[str, LoadResult] | None = None,
+        message: str | None = None,
+    ) -> None:
+        total = sum((results or {}).values(), LoadResult())
+        self.con.execute(
+            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "fetched" = ?, '
+            '"inserted" = ?, "updated" = ?, "soft_deleted" = ?, "rejected" = ?, "message" = ? '
+            'WHERE "run_id" = ?',
+            [
+                status,
+                total.fetched,
+                total.inserted,
+                total.updated,
+                total.soft_deleted,
+                total.rejected,
+                message,
+                run_id,
+            ],
+        )
+
+    def watermark(self, entity: EntitySet | str) -> str | None:
+        row = self.con.execute(
+            'SELECT "watermark" FROM "ops"."sync_state" WHERE "entity" = ?',
+            [self.entity(entity).name],
+        ).fetchone()
+        return row[0] if row else None
+
+    def status(self) -> list[EntityStatus]:
+        """Per entity set: rows, soft-deleted rows, rejects, watermark and last load."""
+        out = []
+        for ent in self.entities.values():
+            rows, deleted = self.con.execute(
+                f'SELECT count(*), count("_deleted_at") FROM {qualified(ddl.CLINICAL, ent.table)}'
+            ).fetchone()
+            (rejects,) = self.con.execute(
+                'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ?',
+                [ent.name, REJECT],
+            ).fetchone()
+            state = self.con.execute(
+                'SELECT "watermark", "last_run_id", "last_loaded_at" FROM "ops"."sync_state" '
+                'WHERE "entity" = ?',
+                [ent.name],
+            ).fetchone() or (None, None, None)
+            out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, *state))
+        return out
+
+    # -- loading -----------------------------------------------------------------------
+
+    def load(
+        self,
+        entity: EntitySet | str,
+        batches: Iterable[str | Path],
+        *,
+        run_id: str,
+        snapshot: bool = False,
+        watermark: str | None = None,
+    ) -> LoadResult:
+        """Merge lake batch files into clinical/history/ops in one transaction.
+
+        `snapshot` says the batches hold the whole entity set: records they lack are marked
+        deleted. `watermark` is stored for the entity in the same transaction.
+        """
+        ent = self.entity(entity)
+        paths = [Path(p).resolve() for p in batches]
+        infos = [Lake.info(p) for p in paths]
+        for info in infos:
+            if info.table != ent.table:
+                raise ValueError(f"batch of {info.entity} given to the load of {ent.name}")
+        with self._transaction():
+            result = (
+                _Merge(self.con, ent, paths, infos, run_id).run(snapshot, self.chunk_rows)
+                if paths
+                else None
+            )
+            self._write_state(ent, run_id, infos, snapshot, watermark)
+        return result or LoadResult()
+
+    def _write_state(
+        self,
+        ent: EntitySet,
+        run_id: str,
+        infos: Sequence[BatchInfo],
+        snapshot: bool,
+        watermark: str | None,
+    ) -> None:
+        newest = max((i.extracted for i in infos), default=None)
+        self.con.execute(
+            'INSERT INTO "ops"."sync_state" SELECT ?, NULL, NULL, NULL, NULL, NULL '
+            'WHERE NOT EXISTS (SELECT 1 FROM "ops"."sync_state" WHERE "entity" = ?)',
+            [ent.name, ent.name],
+        )
+        self.con.execute(
+            'UPDATE "ops"."sync_state" SET "watermark" = coalesce(?, "watermark"), '
+            '"last_run_id" = ?, "last_loaded_at" = now(), '
+            '"last_extracted_at" = greatest("last_extracted_at", ?::TIMESTAMPTZ), '
+            '"last_snapshot_at" = CASE WHEN ? THEN greatest("last_snapshot_at", ?::TIMESTAMPTZ) '
+            'ELSE "last_snapshot_at" END WHERE "entity" = ?',
+            [watermark, run_id, newest, snapshot and newest is not None, newest, ent.name],
+        )
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self.con)
+
+
+class _Transaction:
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def __enter__(self) -> None:
+        self.con.execute("BEGIN TRANSACTION")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.con.execute("ROLLBACK" if kind else "COMMIT")
+
+
+# Rows staged at once; larger loads run as several merges inside the same transaction.
+CHUNK_ROWS = 200_000
+
+# The plan's actions, as the classification query names them.
+INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
+
+
+class _Merge:
+    """One load's SQL, built from the catalogue; identifiers quoted, values bound."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        ent: EntitySet,
+        paths: Sequence[Path],
+        infos: Sequence[BatchInfo],
+        run_id: str,
+    ) -> None:
+        self.con, self.ent, self.paths, self.infos, self.run_id = con, ent, paths, infos, run_id
+        self.clinical = qualified(ddl.CLINICAL, ent.table)
+        self.history = qualified(ddl.HISTORY, ent.table)
+        self.key = quote(ent.key)
+        self.fields = [f.name for f in ent.fields]
+        self.snapshot_at = max(i.extracted for i in infos)
+
+    def run(self, snapshot: bool, chunk_rows: int) -> LoadResult:
+        new = self._register_batches()
+        self.con.execute(
+            f'CREATE TEMP TABLE "_seen" AS SELECT {self.key} AS "k" FROM {self.clinical} LIMIT 0'
+        )
+        actions: Counter[str] = Counter()
+        for chunk in _chunks(self.paths, self.infos, chunk_rows):
+            self._stage(chunk)
+            actions.update(self._plan())
+            self._apply()
+            self.con.execute(f'INSERT INTO "_seen" SELECT {self.key} FROM "_stage"')
+            for name in ("_plan", "_stage"):
+                self.con.execute(f"DROP TABLE {quote(name)}")
+        deleted = self._mark_deleted() if snapshot else 0
+        rejected = self._rejects(new)
+        self._ledger()
+        self.con.execute('DROP TABLE "_seen"')
+        self.con.unregister("_batches")
+        return LoadResult(
+            fetched=sum(i.rows for i in self.infos) + rejected,
+            inserted=actions.get(INSERT, 0),
+            updated=actions.get(UPDATE, 0),
+            unchanged=actions.get(SAME, 0) + actions.get(STALE, 0),
+            soft_deleted=deleted,
+            resurrected=actions.get(RESURRECT, 0),
+            rejected=rejected,
+        )
+
+    def _register_batches(self) -> list[bool]:
+        """`_batches`: file, extraction time and order of each batch; which are new."""
+        ids = [i.batch_id for i in self.infos]
+        seen = {
+            row[0]
+            for row in self.con.execute(
+                'SELECT "batch_id" FROM "ops"."loaded_batches" WHERE "batch_id" IN '
+                "(SELECT unnest(?))",
+                [ids],
+            ).fetchall()
+        }
+        table = pa.table(
+            {
+                "file": [str(p) for p in self.paths],
+                "extracted_at": pa.array(
+                    [i.extracted for i in self.infos], pa.timestamp("us", "UTC")
+                ),
+                "batch_run_id": [i.run_id for i in self.infos],
+                "batch_id": ids,
+                "batch_order": _ranks([i.order for i in self.infos]),
+                "rejects_file": [
+                    str(_rejects_path(p, i)) for p, i in zip(self.paths, self.infos, strict=True)
+                ],
+                "new": [i.batch_id not in seen for i in self.infos],
+                "relative_file": [Lake.relative_name(p) for p in self.paths],
+                "rows": [i.rows for i in self.infos],
+                "rejects": [i.rejects for i in self.infos],
+            }
+        )
+        self.con.register("_batches", table)
+        return table.column("new").to_pylist()
+
+    def _stage(self, paths: Sequence[Path]) -> None:
+        """`_stage`: the newest version per key across the batches, with its content hash."""
+        present = _columns_in(paths)
+        select = ", ".join(
+            f"s.{quote(name)}" if name in present else f"NULL::{kind} AS {quote(name)}"
+            for name, (kind, _) in ddl.field_columns(self.ent).items()
+        )
+        extras = f"s.{quote(EXTRAS)}" if EXTRAS in present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
+        content = ", ".join(f"{quote(n)} := {quote(n)}" for n in [*self.fields, EXTRAS])
+        cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
+        self.con.execute(
+            f"""
+            CREATE TEMP TABLE "_stage" AS
+            WITH "rows" AS (
+                SELECT {select}, {extras}, b."extracted_at" AS "_extracted_at",
+                       b."batch_run_id" AS "_run_id", b."batch_order" AS "_order",
+                       s."file_row_number" AS "_row"
+                FROM read_parquet(?, union_by_name = true, filename = true, hive_partitioning = false,
+                                  file_row_number = true) AS s
+                JOIN "_batches" AS b ON s."filename" = b."file"
+            )
+            SELECT * EXCLUDE ("_order", "_row"),
+                   md5(to_json(struct_pack({content}))) AS "_content_hash",
+                   {cursor} AS "_cursor"
+            FROM "rows"
+            QUALIFY row_number() OVER (
+                PARTITION BY {self.key}
+                ORDER BY {cursor} DESC NULLS LAST, "_extracted_at" DESC, "_order" DESC,
+                         "_row" DESC
+            ) = 1
+            """,
+            [[str(p) for p in paths]],
+        )
+
+    def _plan(self) -> dict[str, int]:
+        """`_plan`: per staged key, what happens to it."""
+        cursor = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
+        self.con.execute(
+            f"""
+            CREATE TEMP TABLE "_plan" AS
+            SELECT s.{self.key} AS "k",
+              CASE
+                WHEN c.{self.key} IS NULL THEN '{INSERT}'
+                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {cursor} IS NOT NULL
+                                    AND s."_cursor" <> {cursor}
+                               THEN s."_cursor" > {cursor}
+                               ELSE s."_extracted_at" >= c."_extracted_at" END)
+                     THEN '{STALE}'
+                WHEN c."_deleted_at" IS NOT NULL THEN '{RESURRECT}'
+                WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
+                ELSE '{SAME}'
+              END AS "action"
+            FROM "_stage" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}
+            """
+        )
+        rows = self.con.execute('SELECT "action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
+        return dict(rows)
+
+    def _apply(self) -> None:
+        cols = [*self.fields, EXTRAS, "_content_hash"]
+        changed = f"""FROM "_stage" AS s JOIN "_plan" AS p ON p."k" = s.{self.key}
+                      WHERE p."action" IN ('{INSERT}', '{UPDATE}', '{RESURRECT}')"""
+        self.con.execute(
+            f"""UPDATE {self.history} AS h SET "_valid_to" = s."_extracted_at"
+                FROM "_stage" AS s JOIN "_plan" AS p ON p."k" = s.{self.key}
+                WHERE h.{self.key} = s.{self.key} AND h."_valid_to" IS NULL
+                  AND p."action" = '{UPDATE}'"""
+        )
+        self.con.execute(
+            f"""INSERT INTO {self.history} ({column_list(cols)}, "_valid_from", "_valid_to",
+                                            "_run_id")
+                SELECT {column_list(cols, "s.")}, s."_extracted_at", NULL, s."_run_id" {changed}"""
+        )
+        self.con.execute(
+            f"""DELETE FROM {self.clinical} WHERE {self.key} IN
+                (SELECT "k" FROM "_plan" WHERE "action" IN ('{UPDATE}', '{RESURRECT}'))"""
+        )
+        self.con.execute(
+            f"""INSERT INTO {self.clinical} ({column_list(cols)}, "_extracted_at", "_synced_at",
+                                             "_run_id", "_deleted_at")
+                SELECT {column_list(cols, "s.")}, s."_extracted_at", now(), s."_run_id", NULL
+                {changed}"""
+        )
+
+    def _mark_deleted(self) -> int:
+        """A snapshot marks what it did not see (nor reject) and was extracted before it."""
+        files = self._reject_files()
+        rejected_keys = (
+            f"""AND CAST(c.{self.key} AS VARCHAR) NOT IN (
+                    SELECT r."key" FROM read_parquet(?, union_by_name = true, hive_partitioning = false) AS r
+                    WHERE r."key" IS NOT NULL)"""
+            if files
+            else ""
+        )
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_gone" AS SELECT c.{self.key} AS "k" FROM {self.clinical} AS c
+                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
+                  AND NOT EXISTS (SELECT 1 FROM "_seen" AS s WHERE s."k" = c.{self.key})
+                  {rejected_keys}""",
+            [self.snapshot_at, files] if files else [self.snapshot_at],
+        )
+        for target, column in ((self.clinical, "_deleted_at"), (self.history, "_valid_to")):
+            self.con.execute(
+                f"""UPDATE {target} SET {quote(column)} = ? WHERE {quote(column)} IS NULL
+                    AND {self.key} IN (SELECT "k" FROM "_gone")""",
+                [self.snapshot_at],
+            )
+        (count,) = self.con.execute('SELECT count(*) FROM "_gone"').fetchone()
+        self.con.execute('DROP TABLE "_gone"')
+        return count
+
+    def _reject_files(self) -> list[str]:
+        return [
+            str(_rejects_path(p, i))
+            for p, i in zip(self.paths, self.infos, strict=True)
+            if i.rejects
+        ]
+
+    def _rejects(self, new: list[bool]) -> int:
+        """Copy the batches' rejects into ops.rejects once; return the rejected rows."""
+        files = self._reject_files()
+        if not files:
+            return 0
+        self.con.execute(
+            """CREATE TEMP TABLE "_rejects" AS
+                SELECT r.*, b."batch_run_id", b."batch_id", b."extracted_at", b."new"
+                FROM read_parquet(?, union_by_name = true, filename = true, hive_partitioning = false) AS r
+                JOIN "_batches" AS b ON r."filename" = b."rejects_file" """,
+            [files],
+        )
+        self.con.execute(
+            """INSERT INTO "ops"."rejects" SELECT "entity", "key", "kind", "fields", "reason",
+                "raw_json", "batch_run_id", "batch_id", "extracted_at" FROM "_rejects"
+                WHERE "new" """
+        )
+        (count,) = self.con.execute(
+            'SELECT count(*) FROM "_rejects" WHERE "kind" = ?', [REJECT]
+        ).fetchone()
+        self.con.execute('DROP TABLE "_rejects"')
+        return count
+
+    def _ledger(self) -> None:
+        self.con.execute(
+            """INSERT INTO "ops"."loaded_batches"
+               SELECT b."batch_id", ?, b."relative_file", b."batch_run_id", b."extracted_at",
+                      b."rows", b."rejects", now()
+               FROM "_batches" AS b WHERE b."new" """,
+            [self.ent.name],
+        )
+
+
+def _chunks(paths: Sequence[Path], infos: Sequence[BatchInfo], limit: int) -> Iterator[list[Path]]:
+    """Batches oldest first, in groups of about `limit` rows: memory stays bounded and a
+    later group, being newer, wins over an earlier one by the same rule as within a group."""
+    chunk: list[Path] = []
+    rows = 0
+    for info, path in sorted(zip(infos, paths, strict=True), key=lambda pair: pair[0].order):
+        if chunk and rows + info.rows > limit:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(path)
+        rows += info.rows
+    if chunk:
+        yield chunk
+
+
+def _ranks(orders: Sequence[tuple[str, str, int]]) -> list[int]:
+    """Each batch's position when sorted oldest first (extraction time, run, sequence)."""
+    ranking = {order: rank for rank, order in enumerate(sorted(set(orders)))}
+    return [ranking[o] for o in orders]
+
+
+def _rejects_path(path: Path, info: BatchInfo) -> Path:
+    return Lake.root_of(path) / "_rejects" / f"entity={info.table}" / f"{info.batch_id}.parquet"
+
+
+def _columns_in(paths: Sequence[Path]) -> set[str]:
+    names: set[str] = set()
+    for path in paths:
+        names.update(pq.read_schema(path).names)
+    return names
+
+
+def status(path: str | Path) -> list[EntityStatus]:
+    """Status for `clinical-sync status`: opens read-only; `WarehouseLocked` while a sync writes."""
+    with Warehouse(path, read_only=True) as wh:
+        return wh.status()

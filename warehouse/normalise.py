@@ -1,0 +1,367 @@
+"""JSON records -> a canonical Arrow table, column by column with pyarrow compute.
+
+The volume is in the rows, so nothing loops per value on the happy path: the records become
+one Arrow struct array in C++, each column is checked with regular expressions and cast, and
+failing rows are found with masks. Python touches single values only for the rare column
+whose JSON kinds are mixed, for unknown members and for the rows that are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.clinical_records.catalogue import (
+    DECIMAL_PRECISION,
+    DECIMAL_SCALE,
+    Canonical,
+    EntitySet,
+    Field,
+)
+from warehouse.schema import ARROW_BY_CANONICAL, EXTRAS, arrow_schema, json_struct_type
+
+log = logging.getLogger(__name__)
+
+REJECT = "reject"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A row that could not be normalised (kind "reject") or was kept with a note ("warning")."""
+
+    entity: str
+    key: str | None
+    kind: str
+    fields: tuple[str, ...]
+    reason: str
+    raw_json: str
+
+
+@dataclass
+class NormalisedBatch:
+    table: pa.Table
+    rejects: list[Reject] = field(default_factory=list)
+    unknown_fields: set[str] = field(default_factory=set)
+
+    @property
+    def errors(self) -> list[Reject]:
+        return [r for r in self.rejects if r.kind == REJECT]
+
+    @property
+    def warnings(self) -> list[Reject]:
+        return [r for r in self.rejects if r.kind == WARNING]
+
+
+@dataclass
+class Converted:
+    """A column in its canonical type plus the rows that failed, each with a reason."""
+
+    values: pa.Array
+    errors: list[tuple[np.ndarray, str]] = field(default_factory=list)
+    warnings: list[tuple[np.ndarray, str]] = field(default_factory=list)
+
+
+# The JSON kinds each canonical type accepts (a key sent as a number or as "123" alike).
+KIND_BY_TYPE: dict[type, str] = {
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    dict: "object",
+    list: "array",
+}
+ACCEPTED_KINDS: dict[Canonical, frozenset[str]] = {
+    Canonical.VARCHAR: frozenset({"string", "integer"}),
+    Canonical.BIGINT: frozenset({"string", "integer"}),
+    Canonical.DECIMAL: frozenset({"string", "integer", "number"}),
+    Canonical.BOOLEAN: frozenset({"boolean"}),
+    Canonical.DATE: frozenset({"string"}),
+    Canonical.TIMESTAMPTZ: frozenset({"string"}),
+    Canonical.TIME: frozenset({"string"}),
+}
+TEXT_BY_KIND: dict[str, Callable[[object], object]] = {
+    "string": lambda v: v,
+    "integer": str,
+    "number": repr,
+    "boolean": lambda v: v,  # stays a bool: the only kind BOOLEAN accepts
+}
+
+INTEGER_RE = r"^-?[0-9]{1,18}$"
+NUMBER_RE = r"^-?[0-9]+(\.[0-9]+)?$"
+_INT_DIGITS = DECIMAL_PRECISION - DECIMAL_SCALE
+# Leading zeros and trailing fractional zeros lose nothing; any other digit beyond
+# DECIMAL(18,4) would, so such a value is a reject.
+DECIMAL_FITS_RE = rf"^-?0*[0-9]{{1,{_INT_DIGITS}}}(\.[0-9]{{0,{DECIMAL_SCALE}}}0*)?$"
+DATE_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+DATETIME_RE = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
+    r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)?$"
+)
+OFFSET_RE = r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$"
+TIME_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
+
+
+def _mask(arr: pa.Array) -> np.ndarray:
+    return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _failing(arr: pa.Array, pattern: str) -> pa.Array:
+    """True where a non-null value does not match `pattern`."""
+    return pc.and_(arr.is_valid(), pc.invert(pc.match_substring_regex(arr, pattern)))
+
+
+def _null_where(arr: pa.Array, bad: pa.Array) -> pa.Array:
+    return pc.if_else(bad, pa.scalar(None, arr.type), arr)
+
+
+def _cast_each(arr: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """Cast, and when one value spoils the whole cast, find it value by value (rare path)."""
+    try:
+        return pc.cast(arr, target), np.zeros(len(arr), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        out, bad = [], np.zeros(len(arr), dtype=bool)
+        for i, value in enumerate(arr):
+            try:
+                out.append(pc.cast(pa.array([value.as_py()], arr.type), target)[0].as_py())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                out.append(None)
+                bad[i] = value.is_valid
+        return pa.array(out, target), bad
+
+
+def to_varchar(arr: pa.Array, fld: Field) -> Converted:
+    values = arr if arr.type == pa.string() else pc.cast(arr, pa.string())
+    result = Converted(values)
+    if fld.max_length is not None:
+        too_long = _mask(pc.greater(pc.utf8_length(values), fld.max_length))
+        note = f"longer than the spec's max length {fld.max_length}; kept in full"
+        result.warnings.append((too_long, note))
+    return result
+
+
+def to_bigint(arr: pa.Array, fld: Field) -> Converted:
+    if arr.type == pa.int64():
+        return Converted(arr)
+    bad = _failing(arr, INTEGER_RE)
+    values = pc.cast(_null_where(arr, bad), pa.int64())
+    return Converted(values, [(_mask(bad), "not an integer of at most 18 digits")])
+
+
+def to_decimal(arr: pa.Array, fld: Field) -> Converted:
+    target = ARROW_BY_CANONICAL[Canonical.DECIMAL]
+    not_number = _failing(arr, NUMBER_RE)
+    loses = pc.and_(pc.invert(not_number), _failing(arr, DECIMAL_FITS_RE))
+    bad = pc.or_(not_number, loses)
+    values, cast_bad = _cast_each(_null_where(arr, bad), target)
+    lossy = f"would lose digits in DECIMAL({DECIMAL_PRECISION},{DECIMAL_SCALE})"
+    return Converted(
+        values,
+        [
+            (_mask(not_number), "not a decimal number"),
+            (_mask(loses) | cast_bad, lossy),
+        ],
+    )
+
+
+def to_boolean(arr: pa.Array, fld: Field) -> Converted:
+    return Converted(arr if arr.type == pa.bool_() else pc.cast(arr, pa.bool_()))
+
+
+def to_date(arr: pa.Array, fld: Field) -> Converted:
+    shape = _failing(arr, DATE_RE)
+    text = _null_where(arr, shape)
+    parsed = pc.strptime(text, "%Y-%m-%d", "s", error_is_null=True)
+    # strptime rolls 2026-02-30 over to March: a round trip finds impossible dates.
+    # A value strptime cannot read at all (month 13) is null there: also impossible.
+    round_trips = pc.fill_null(pc.equal(pc.strftime(parsed, "%Y-%m-%d"), text), False)
+    impossible = pc.and_(text.is_valid(), pc.invert(round_trips))
+    values = pc.cast(_null_where(parsed, impossible), pa.date32())
+    return Converted(
+        values,
+        [(_mask(shape), "not a date YYYY-MM-DD"), (_mask(impossible), "not a calendar date")],
+    )
+
+
+def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
+    target = ARROW_BY_CANONICAL[Canonical.TIMESTAMPTZ]
+    shape = _failing(arr, DATETIME_RE)
+    text = _null_where(arr, shape)
+    # Microseconds are the warehouse's precision; .NET-style 7-digit fractions are cut.
+    text = pc.replace_substring_regex(text, r"(\.[0-9]{6})[0-9]+", r"\1")
+    # A date-time without an offset is taken as UTC (the spec promises an offset or Z).
+    has_offset = pc.match_substring_regex(text, OFFSET_RE)
+    text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))
+    values, impossible = _cast_each(text, target)
+    return Converted(
+        values,
+        [
+            (_mask(shape), "not an ISO 8601 date-time"),
+            (impossible, "not a valid date-time"),
+        ],
+    )
+
+
+def to_time(arr: pa.Array, fld: Field) -> Converted:
+    bad = _failing(arr, TIME_RE)
+    text = _null_where(arr, bad)
+
+    def part(start: int) -> pa.Array:
+        return pc.cast(pc.utf8_slice_codeunits(text, start, start + 2), pa.int64())
+
+    seconds = pc.add(pc.add(pc.multiply(part(0), 3600), pc.multiply(part(3), 60)), part(6))
+    micros = pc.multiply(seconds, 1_000_000)
+    return Converted(micros.view(pa.time64("us")), [(_mask(bad), "not a time HH:MM:SS")])
+
+
+CONVERTERS: dict[Canonical, Callable[[pa.Array, Field], Converted]] = {
+    Canonical.VARCHAR: to_varchar,
+    Canonical.BIGINT: to_bigint,
+    Canonical.DECIMAL: to_decimal,
+    Canonical.BOOLEAN: to_boolean,
+    Canonical.DATE: to_date,
+    Canonical.TIMESTAMPTZ: to_timestamptz,
+    Canonical.TIME: to_time,
+}
+
+
+def _loose_column(
+    records: Sequence[dict], fld: Field
+) -> tuple[pa.Array, list[tuple[np.ndarray, str]]]:
+    """A column whose JSON kinds are mixed: accepted kinds as text, the others rejected."""
+    accepted = ACCEPTED_KINDS[fld.canonical]
+    out: list[object] = []
+    wrong: dict[str, np.ndarray] = {}
+    for i, record in enumerate(records):
+        value = record.get(fld.name)
+        kind = KIND_BY_TYPE.get(type(value), "other") if value is not None else None
+        if kind is None or kind in accepted:
+            out.append(None if kind is None else TEXT_BY_KIND[kind](value))
+            continue
+        wrong.setdefault(kind, np.zeros(len(records), dtype=bool))[i] = True
+        out.append(None)
+    arrow_type = pa.bool_() if fld.canonical is Canonical.BOOLEAN else pa.string()
+    expected = " or ".join(sorted(accepted))
+    errors = [(mask, f"got a JSON {kind}, expected {expected}") for kind, mask in wrong.items()]
+    return pa.array(out, arrow_type), errors
+
+
+def _raw_columns(
+    entity: EntitySet, records: Sequence[dict]
+) -> tuple[dict[str, pa.Array], list[tuple[str, np.ndarray, str]]]:
+    """Each known field as an Arrow array of its JSON type, or as text where kinds are mixed."""
+    struct_type = json_struct_type(entity)
+    errors: list[tuple[str, np.ndarray, str]] = []
+    try:
+        struct = pa.array(records, type=struct_type)
+        return {f.name: struct.field(f.name) for f in entity.fields}, errors
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    columns: dict[str, pa.Array] = {}
+    for fld in entity.fields:
+        values = [r.get(fld.name) for r in records]
+        try:
+            columns[fld.name] = pa.array(values, type=struct_type.field(fld.name).type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            columns[fld.name], wrong = _loose_column(records, fld)
+            errors.extend((fld.name, mask, reason) for mask, reason in wrong)
+    return columns, errors
+
+
+def _extras(records: Sequence[dict], unknown: list[str]) -> pa.Array:
+    rows = []
+    for record in records:
+        extra = {k: record[k] for k in unknown if k in record}
+        rows.append(json.dumps(extra, ensure_ascii=False, default=str) if extra else None)
+    return pa.array(rows, pa.string())
+
+
+def _raw_json(record: object) -> str:
+    return json.dumps(record, ensure_ascii=False, default=str)
+
+
+def _key_of(entity: EntitySet, record: object) -> str | None:
+    if isinstance(record, dict) and record.get(entity.key) is not None:
+        return str(record[entity.key])
+    return None
+
+
+def normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
+    """Records as the API sends them -> canonical table, rejects and unknown members."""
+    schema = arrow_schema(entity)
+    objects = [r for r in records if type(r) is dict]
+    rejects = [
+        Reject(entity.name, None, REJECT, (), "record is not a JSON object", _raw_json(r))
+        for r in records
+        if type(r) is not dict
+    ]
+    if not objects:
+        return NormalisedBatch(schema.empty_table(), rejects)
+
+    unknown = sorted(set().union(*objects) - set(entity.by_name))
+    counts = {name: sum(name in r for r in objects) for name in unknown}
+
+    raw, problems = _raw_columns(entity, objects)
+    errors = [(name, mask, reason) for name, mask, reason in problems]
+    warnings: list[tuple[str, np.ndarray, str]] = []
+    columns: list[pa.Array] = []
+    for fld in entity.fields:
+        column = raw[fld.name]
+        if fld.required:
+            errors.append((fld.name, ~_mask(column.is_valid()), "missing (required)"))
+        converted = CONVERTERS[fld.canonical](column, fld)
+        expected = f"expected {fld.canonical.value}"
+        errors.extend((fld.name, m, f"{why}; {expected}") for m, why in converted.errors)
+        warnings.extend((fld.name, m, why) for m, why in converted.warnings)
+        columns.append(converted.values)
+    columns.append(_extras(objects, unknown) if unknown else pa.nulls(len(objects), pa.string()))
+    table = pa.Table.from_arrays(columns, schema=schema)
+
+    rejected = np.zeros(len(objects), dtype=bool)
+    for _, mask, _ in errors:
+        rejected |= mask
+    rejects += _notes(entity, objects, errors, REJECT, np.ones(len(objects), dtype=bool))
+    rejects += _notes(entity, objects, warnings, WARNING, ~rejected)
+    for name in unknown:
+        example = next(r for r in objects if name in r)
+        reason = f"field unknown to the catalogue in {counts[name]} records; kept in {EXTRAS}"
+        rejects.append(
+            Reject(entity.name, None, WARNING, (name,), reason, _raw_json(example)),
+        )
+    if unknown:
+        log.warning("%s: %d unknown fields kept in %s", entity.name, len(unknown), EXTRAS)
+    if rejected.any():
+        log.warning("%s: %d of %d records rejected", entity.name, rejected.sum(), len(objects))
+        table = table.filter(pa.array(~rejected))
+    return NormalisedBatch(table, rejects, set(unknown))
+
+
+def _notes(
+    entity: EntitySet,
+    records: Sequence[dict],
+    problems: list[tuple[str, np.ndarray, str]],
+    kind: str,
+    rows: np.ndarray,
+) -> list[Reject]:
+    """One Reject per affected row, its reasons joined: `field: why; ...`."""
+    by_row: dict[int, list[tuple[str, str]]] = {}
+    for name, mask, why in problems:
+        for i in np.flatnonzero(mask & rows):
+            by_row.setdefault(int(i), []).append((name, why))
+    return [
+        Reject(
+            entity.name,
+            _key_of(entity, records[i]),
+            kind,
+            tuple(dict.fromkeys(name for name, _ in reasons)),
+            "; ".join(f"{name}: {why}" for name, why in reasons),
+            _raw_json(records[i]),
+        )
+        for i, reasons in sorted(by_row.items())
+    ]

@@ -1,0 +1,75 @@
+-- One row per live prescription: patient, branch, physicians, claim totals, the latest
+-- verification, and the days from prescription to delivery to first claim.
+-- delivered_on is free text in the spec; it is read as a date-time or a date where it parses.
+CREATE OR REPLACE VIEW analytics.prescription_summary AS
+WITH claim_totals AS (
+    SELECT
+        prescription_id,
+        count(*) AS claims,
+        sum(total_claim_amount) AS total_claim_amount,
+        sum(total_claim_paid) AS total_claim_paid,
+        sum(total_claim_balance) AS total_claim_balance,
+        sum(total_pt_responsibility_amount) AS total_pt_responsibility_amount,
+        sum(total_pt_responsibility_balance) AS total_pt_responsibility_balance,
+        min(date_of_service) AS first_claim_date
+    FROM clinical.claims
+    WHERE _deleted_at IS NULL
+    GROUP BY prescription_id
+),
+latest_verification AS (
+    SELECT prescription_id, id, verified_on, current_coverage, network_type, pre_auth_necessary
+    FROM clinical.insurance_verifications
+    WHERE _deleted_at IS NULL
+    QUALIFY row_number() OVER (
+        PARTITION BY prescription_id ORDER BY verified_on DESC NULLS LAST, id DESC
+    ) = 1
+),
+delivered AS (
+    SELECT
+        id,
+        coalesce(
+            try_cast(delivered_on AS TIMESTAMPTZ)::DATE, try_cast(delivered_on AS DATE)
+        ) AS delivered_date
+    FROM clinical.prescriptions
+)
+SELECT
+    p.id AS prescription_id,
+    p.prescription_date,
+    p.category,
+    p.active,
+    p.patient_id,
+    pt.first_name AS patient_first_name,
+    pt.last_name AS patient_last_name,
+    p.branch_id,
+    b.name AS branch_name,
+    p.referring_physician_id,
+    concat_ws(' ', rp.first_name, rp.last_name) AS referring_physician,
+    p.primary_care_physician_id,
+    concat_ws(' ', pcp.first_name, pcp.last_name) AS primary_care_physician,
+    coalesce(ct.claims, 0) AS claims,
+    coalesce(ct.total_claim_amount, 0) AS total_claim_amount,
+    coalesce(ct.total_claim_paid, 0) AS total_claim_paid,
+    coalesce(ct.total_claim_balance, 0) AS total_claim_balance,
+    coalesce(ct.total_pt_responsibility_amount, 0) AS total_pt_responsibility_amount,
+    coalesce(ct.total_pt_responsibility_balance, 0) AS total_pt_responsibility_balance,
+    lv.id AS latest_verification_id,
+    lv.verified_on AS latest_verified_on,
+    lv.current_coverage AS latest_current_coverage,
+    lv.network_type AS latest_network_type,
+    lv.pre_auth_necessary AS latest_pre_auth_necessary,
+    d.delivered_date,
+    ct.first_claim_date,
+    d.delivered_date - p.prescription_date AS days_prescription_to_delivery,
+    ct.first_claim_date - d.delivered_date AS days_delivery_to_first_claim,
+    ct.first_claim_date - p.prescription_date AS days_prescription_to_first_claim
+FROM clinical.prescriptions AS p
+JOIN delivered AS d ON d.id = p.id
+LEFT JOIN clinical.patients AS pt ON pt.id = p.patient_id AND pt._deleted_at IS NULL
+LEFT JOIN clinical.branches AS b ON b.id = p.branch_id AND b._deleted_at IS NULL
+LEFT JOIN clinical.physicians AS rp
+    ON rp.id = p.referring_physician_id AND rp._deleted_at IS NULL
+LEFT JOIN clinical.physicians AS pcp
+    ON pcp.id = p.primary_care_physician_id AND pcp._deleted_at IS NULL
+LEFT JOIN claim_totals AS ct ON ct.prescription_id = p.id
+LEFT JOIN latest_verification AS lv ON lv.prescription_id = p.id
+WHERE p._deleted_at IS NULL;
