@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The Dagster instance (run history, schedules) lives in data/dagster with ./dagster.yaml.
+demo dev: export DAGSTER_HOME ?= $(CURDIR)/data/dagster
+
 demo: $(STAMP)
 	$(BIN)/clinical-sync demo
 
@@ -33,6 +36,7 @@ format: $(STAMP)
 sandbox: $(STAMP)
 	$(BIN)/clinical-sync sandbox
 
+# The Dagster UI on http://127.0.0.1:3000, against a sandbox unless CLINICAL_API_BASE_URL is set.
 dev: $(STAMP)
 	$(BIN)/clinical-sync dev
 

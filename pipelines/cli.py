@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from datetime import date
+
+from pipelines.documents_cli import add_parser as _add_documents
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -60,7 +63,88 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_sandbox)
 
 
-PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [_add_sandbox]
+def _lazy(module: str, name: str) -> Command:
+    """A command whose module (and Dagster with it) is imported only when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        from importlib import import_module
+
+        return getattr(import_module(module), name)(args)
+
+    return run
+
+
+def _add_sync(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sync", help="one sync run through Dagster, with progress and a summary")
+    p.add_argument("--full", action="store_true", help="snapshot every set (resets watermarks)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ENTITY",
+        help="entity sets by spec name or table name (with --full: reset just these)",
+    )
+    p.add_argument(
+        "--backfill-from",
+        type=date.fromisoformat,
+        metavar="YYYY-MM-DD",
+        help="re-read the cursor sets from this date; the nightly watermark stays",
+    )
+    p.add_argument("--backfill-to", type=date.fromisoformat, metavar="YYYY-MM-DD")
+    p.set_defaults(func=_lazy("pipelines.commands", "sync"))
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="per entity set: rows, rejects, watermark, last run")
+    p.set_defaults(func=_lazy("pipelines.commands", "status"))
+
+
+def _add_rebuild(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rebuild", help="rebuild the DuckDB warehouse from the Parquet lake")
+    p.set_defaults(func=_lazy("pipelines.commands", "rebuild"))
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from pipelines.demo import add_parser
+
+    add_parser(sub)
+
+
+def _add_dev(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dev", help="the Dagster UI, against a sandbox unless configured")
+    p.add_argument("--sandbox", action="store_true", help="a sandbox even if CLINICAL_* is set")
+    p.add_argument("--port", type=int, default=8765, help="sandbox port")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--rate", type=float, default=5.0)
+    p.add_argument("--ui-port", type=int, default=3000)
+    p.set_defaults(func=_lazy("pipelines.commands", "dev"))
+
+
+PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_sandbox,
+    _add_sync,
+    _add_status,
+    _add_demo,
+    _add_rebuild,
+    _add_dev,
+    _add_documents,
+]
+
+# Errors an operator fixes in the configuration or the environment: message, exit 2.
+OPERATOR_ERRORS = (
+    "connectors.clinical_records.errors:ConfigError",
+    "warehouse.errors:WarehouseLocked",
+    "warehouse.errors:SourceMismatch",
+)
+
+
+def _operator_errors() -> tuple[type[BaseException], ...]:
+    from importlib import import_module
+
+    found = []
+    for spec in OPERATOR_ERRORS:
+        module, _, name = spec.partition(":")
+        found.append(getattr(import_module(module), name))
+    return tuple(found)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except _operator_errors() as error:
+        print(f"clinical-sync: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -75,6 +75,22 @@ class ContentStore:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def scratch(self) -> Path:
+        """A fresh name in the store's private `_tmp/` for a download in progress: the
+        connector streams there, then `put_file` adopts it (nobody else can read it meanwhile)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        tmp_dir = self.root / "_tmp"
+        tmp_dir.mkdir(exist_ok=True, mode=PRIVATE_DIR)
+        return tmp_dir / f"{uuid.uuid4().hex}.download"
+
+    def put_file(self, path: Path, *, expected_size: int | None) -> StoredContent:
+        """Store a downloaded file by its hash (as `put`), then remove the download."""
+        try:
+            with path.open("rb") as held:
+                return self.put(iter(lambda: held.read(1 << 20), b""), expected_size=expected_size)
+        finally:
+            path.unlink(missing_ok=True)
+
     def verify(self, sha256: str) -> bool:
         """Re-hash a held file: true when its bytes still match its name."""
         digest = hashlib.sha256()

@@ -140,7 +140,7 @@ class Pager:
                     yield from self._keyset(upper=None)  # deletes moved the end: read on to it
                     self._check_total()
                     return
-                first_key = window[0][self.key]
+                first_key = window[0].get(self.key)
                 if first_key not in self.seen:
                     self.repairs += 1
                     yield from self._keyset(upper=first_key)
@@ -201,13 +201,18 @@ class Pager:
 
     def _emit(self, records: list[dict]) -> Iterator[Page]:
         fresh = []
+        keyed = []
         for record in records:
-            key = record[self.key]
+            key = record.get(self.key)
+            if key is None:  # a record without its key: passed on for normalise to reject
+                fresh.append(record)
+                continue
+            keyed.append(key)
             if key not in self.seen:
                 self.seen.add(key)
                 fresh.append(record)
-        if records:
-            self.last = records[-1][self.key]  # pages arrive in key order
+        if keyed:
+            self.last = keyed[-1]  # pages arrive in key order
         if fresh:
             yield Page(fresh, self.number, self.total)
             self.number += 1

@@ -1,0 +1,266 @@
+"""The asset factory: per entity set of the catalogue, an extraction into the lake and a load
+into DuckDB; downstream, the analytics models. No asset body is written per entity set.
+
+Two assets per set rather than one: extraction is API-bound and may run in parallel (pool
+`clinical_api`), loading is DuckDB-bound and runs one at a time (pool `warehouse`), and the
+graph then shows where the time and the requests go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    AssetsDefinition,
+    AssetSpec,
+    MaterializeResult,
+    MetadataValue,
+    Output,
+    asset,
+    multi_asset,
+)
+
+from connectors.clinical_records.catalogue import BY_NAME, ENTITY_SETS, EntitySet, Strategy
+from connectors.clinical_records.client import ClinicalClient
+from pipelines import checks
+from pipelines.extract import Extraction, extract
+from pipelines.keys import (
+    ANALYTICS_GROUP,
+    API_POOL,
+    CLINICAL_GROUP,
+    LAKE_GROUP,
+    OWNERS,
+    WAREHOUSE_POOL,
+    lake_key,
+    model_key,
+    table_key,
+)
+from pipelines.models import Model, models
+from pipelines.progress import current
+from pipelines.resources import (
+    ClinicalApiResource,
+    LakeResource,
+    SyncOptionsResource,
+    WarehouseResource,
+)
+from pipelines.state import LOCK_WAIT_SECONDS, read_state
+from pipelines.strategy import plan
+from warehouse.ddl import ANALYTICS
+from warehouse.ident import qualified
+from warehouse.load import LoadResult, Warehouse
+
+# Connector counters -> metadata labels the UI plots run over run.
+API_METADATA: dict[str, str] = {
+    "requests": "requests",
+    "pages": "pages",
+    "throttled": "throttled_429",
+    "retries": "retries",
+    "wait_seconds": "wait_seconds",
+    "token_refreshes": "token_refreshes",
+}
+LOAD_METADATA: tuple[str, ...] = (
+    "fetched",
+    "inserted",
+    "updated",
+    "unchanged",
+    "soft_deleted",
+    "resurrected",
+    "rejected",
+)
+
+
+# What each strategy fetches, as the asset descriptions tell it in the UI.
+STRATEGY_TEXT: dict[Strategy, str] = {
+    Strategy.CURSOR: "rows changed since the watermark (less a lookback)",
+    Strategy.CREATED: "new rows by creation time; a full snapshot on a cadence",
+    Strategy.SNAPSHOT: "a full snapshot every run",
+    Strategy.PERIODIC_SNAPSHOT: "a full snapshot on a cadence (no cursor)",
+}
+
+
+def api_metadata(extraction: Extraction) -> dict[str, Any]:
+    return {label: extraction.stats.get(name, 0) for name, label in API_METADATA.items()}
+
+
+def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
+    return {
+        "mode": extraction.mode,
+        "reason": extraction.reason,
+        "rows_fetched": extraction.fetched,
+        "rows_rejected": extraction.rejected,
+        "source_count": extraction.source_total if extraction.source_total is not None else -1,
+        "lake_files_written": len(extraction.files),
+        "watermark": extraction.watermark or "",
+        "seconds": extraction.seconds,
+        **api_metadata(extraction),
+    }
+
+
+def _selected_entities(context: AssetExecutionContext) -> list[str]:
+    selection = context.run.asset_selection
+    if not selection:
+        return list(BY_NAME)
+    tables = {key.path[-1] for key in selection if key.path[0] in (LAKE_GROUP, CLINICAL_GROUP)}
+    return [e.name for e in ENTITY_SETS if e.table in tables]
+
+
+def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
+    @asset(
+        key=lake_key(entity),
+        group_name=LAKE_GROUP,
+        kinds={"python", "parquet"},
+        owners=OWNERS,
+        pool=API_POOL,
+        tags={"strategy": entity.strategy.value},
+        description=(
+            f"{entity.name} from the API into Parquet batches: {STRATEGY_TEXT[entity.strategy]}"
+        ),
+    )
+    def extract_entity(
+        context,  # AssetExecutionContext (Dagster needs it unannotated under PEP 563)
+        clinical_api: ClinicalApiResource,
+        lake: LakeResource,
+        warehouse: WarehouseResource,
+        sync_options: SyncOptionsResource,
+    ) -> Output[Extraction]:
+        settings = clinical_api.settings()
+        state = read_state(warehouse.path, entity)
+        todo = plan(entity, state, sync_options.options())
+        context.log.info(f"{entity.name}: {todo.mode.value} ({todo.reason})")
+        the_lake = lake.lake()
+        the_lake.record_source(settings.base_url, settings.customer)
+        with ClinicalClient(settings, logger=context.log) as client:
+            result = extract(
+                todo,
+                client,
+                the_lake,
+                run_id=context.run.run_id,
+                previous_watermark=state.watermark,
+                progress=current(context.log.info),
+            )
+        return Output(result, metadata=extraction_metadata(result))
+
+    return extract_entity
+
+
+def _record_run(wh: Warehouse, context: AssetExecutionContext, full: bool, result: LoadResult):
+    """Keep `ops.sync_runs` current: the run's row, with this load's figures added."""
+    row = wh.con.execute(
+        'SELECT "fetched", "inserted", "updated", "soft_deleted", "rejected" '
+        'FROM "ops"."sync_runs" WHERE "run_id" = ?',
+        [context.run.run_id],
+    ).fetchone()
+    if row is None:
+        wh.record_run(context.run.run_id, _selected_entities(context), full_snapshot=full)
+        row = (0, 0, 0, 0, 0)
+    fetched, inserted, updated, deleted, rejected = (int(v or 0) for v in row)
+    so_far = LoadResult(
+        fetched=fetched,
+        inserted=inserted,
+        updated=updated,
+        soft_deleted=deleted,
+        rejected=rejected,
+    )
+    wh.finish_run(context.run.run_id, "success", {"total": so_far + result})
+
+
+def build_load_asset(entity: EntitySet) -> AssetsDefinition:
+    @asset(
+        key=table_key(entity),
+        ins={"extraction": AssetIn(key=lake_key(entity))},
+        group_name=CLINICAL_GROUP,
+        kinds={"duckdb", "table"},
+        owners=OWNERS,
+        pool=WAREHOUSE_POOL,
+        tags={"strategy": entity.strategy.value},
+        check_specs=checks.table_check_specs(entity),
+        description=f"Current {entity.name}: merged by {entity.key}, deletes marked, history kept",
+    )
+    def load_entity(
+        context,  # AssetExecutionContext
+        extraction: Extraction,
+        clinical_api: ClinicalApiResource,
+        warehouse: WarehouseResource,
+        sync_options: SyncOptionsResource,
+    ) -> Iterator[Any]:
+        settings = clinical_api.settings()
+        with Warehouse(warehouse.path, wait=LOCK_WAIT_SECONDS) as wh:
+            wh.ensure_schema()
+            wh.check_source(settings.base_url, settings.customer)
+            result = LoadResult()
+            if extraction.mode != "skip":
+                result = wh.load(
+                    entity,
+                    extraction.files,
+                    run_id=extraction.run_id,
+                    snapshot=extraction.snapshot,
+                    watermark=extraction.watermark,
+                )
+            _record_run(wh, context, sync_options.full, result)
+            results = checks.table_check_results(
+                wh.con,
+                entity,
+                run_id=extraction.run_id,
+                snapshot=extraction.snapshot,
+                source_total=extraction.source_total,
+            )
+            rows = checks.live_rows(wh.con, entity)
+            watermark = wh.watermark(entity)
+        yield MaterializeResult(
+            metadata={
+                "mode": extraction.mode,
+                **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
+                **api_metadata(extraction),
+                "watermark": watermark or "",
+                "lake_files_written": len(extraction.files),
+                "live_rows": rows,
+                "table": MetadataValue.text(f"clinical.{entity.table}"),
+            }
+        )
+        yield from results
+
+    return load_entity
+
+
+def build_models_asset(found: list[Model]) -> AssetsDefinition:
+    specs = [
+        AssetSpec(
+            model_key(m.name),
+            deps=[table_key(e) for e in m.sources],
+            group_name=ANALYTICS_GROUP,
+            kinds={"duckdb", "sql", "view"},
+            owners=OWNERS,
+            description=m.description,
+        )
+        for m in found
+    ]
+
+    @multi_asset(specs=specs, name="analytics_models", pool=WAREHOUSE_POOL, can_subset=True)
+    def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
+        with Warehouse(warehouse.path, wait=LOCK_WAIT_SECONDS) as wh:
+            wh.ensure_schema()
+            wh.refresh_models()
+            for m in found:
+                key = model_key(m.name)
+                if key not in context.selected_asset_keys:
+                    continue
+                view = qualified(ANALYTICS, m.name)
+                (rows,) = wh.con.execute(f"SELECT count(*) FROM {view}").fetchone()
+                yield MaterializeResult(asset_key=key, metadata={"rows": rows})
+
+    return analytics_models
+
+
+def build_assets() -> list[AssetsDefinition]:
+    out: list[AssetsDefinition] = []
+    for entity in ENTITY_SETS:
+        out += [build_extract_asset(entity), build_load_asset(entity)]
+    out.append(build_models_asset(models()))
+    return out
+
+
+def build_reference_checks():
+    return [checks.reference_check(ref) for ref in checks.references()]

@@ -1,0 +1,155 @@
+"""The operator's commands behind `clinical-sync sync | status | rebuild | dev`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+from connectors.clinical_records.errors import ConfigError
+from pipelines import home
+from pipelines.progress import TerminalProgress, install
+
+
+@contextmanager
+def terminal_progress() -> Iterator[None]:
+    previous = install(TerminalProgress(sys.stderr))
+    try:
+        yield
+    finally:
+        install(previous)
+
+
+def sync(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance
+
+    from pipelines.recovery import process_tags, release_dead_runs
+    from pipelines.runner import sync as run_sync
+
+    home.dagster_home()
+    with terminal_progress(), DagsterInstance.get() as instance:
+        release_dead_runs(instance)  # a killed sync's pool slots would block this run
+        report = run_sync(
+            os.environ,
+            lake_root=home.lake_root(),
+            warehouse_path=home.warehouse_path(),
+            full=args.full,
+            only=args.only or (),
+            backfill_from=args.backfill_from,
+            backfill_to=args.backfill_to,
+            instance=instance,
+            log_level="WARNING",
+            tags={"clinical-sync/command": "sync", **process_tags()},
+        )
+    print(report.table())
+    print("\n".join(report.check_lines()))
+    print(f"run {report.run_id}: {report.requests} requests in {report.seconds:.1f} s")
+    if not report.success:
+        print(f"sync failed: {report.failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def status(args: argparse.Namespace) -> int:
+    from warehouse.load import status as warehouse_status
+
+    path = home.warehouse_path()
+    try:
+        states = warehouse_status(path)
+    except FileNotFoundError:
+        print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
+        return 1
+    rows = [("entity set", "rows", "deleted", "rejects", "watermark", "last run", "loaded at")]
+    for s in states:
+        rows.append(
+            (
+                s.entity,
+                f"{s.rows:,}",
+                f"{s.deleted:,}",
+                f"{s.rejects:,}",
+                s.watermark or "-",
+                s.last_run_id or "-",
+                _when(s.last_loaded_at),
+            )
+        )
+    print(format_table(rows))
+    return 0
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def rebuild(args: argparse.Namespace) -> int:
+    from warehouse.rebuild import rebuild as rebuild_warehouse
+
+    lake, path = home.lake_root(), home.warehouse_path()
+    print(f"rebuilding {path} from the lake at {lake} ...", file=sys.stderr)
+    results = rebuild_warehouse(lake, path)
+    rows = [("entity set", "fetched", "inserted", "updated", "deleted", "rejected")]
+    for name, r in results.items():
+        figures = (r.fetched, r.inserted, r.updated, r.soft_deleted, r.rejected)
+        rows.append((name, *(f"{n:,}" for n in figures)))
+    print(format_table(rows))
+    return 0
+
+
+SANDBOX_VARIABLE = "CLINICAL_API_BASE_URL"
+
+
+@contextmanager
+def sandbox_process(args: argparse.Namespace) -> Iterator[dict[str, str]]:
+    """`clinical-sync sandbox` in a child process; yields its CLINICAL_* settings."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "sandbox",
+        "--port",
+        str(args.port),
+        "--scale",
+        f"{args.scale:g}",
+        "--rate",
+        f"{args.rate:g}",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        env: dict[str, str] = {}
+        assert proc.stdout is not None
+        while "CLINICAL_CUSTOMER" not in env:
+            line = proc.stdout.readline()
+            if not line:
+                raise ConfigError("--port", f"a free port for the sandbox ({args.port} is taken?)")
+            name, _, value = line.strip().partition("=")
+            env[name] = value
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def dev(args: argparse.Namespace) -> int:
+    """Open the Dagster UI; against a sandbox unless CLINICAL_API_BASE_URL is set."""
+    home.dagster_home()
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    ui = [dagster, "dev", "-m", "pipelines.definitions", "-p", str(args.ui_port)]
+    if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+        return subprocess.call(ui)
+    with sandbox_process(args) as env:
+        print(f"sandbox at {env[SANDBOX_VARIABLE]}; Dagster UI on port {args.ui_port}")
+        try:
+            return subprocess.call(ui, env={**os.environ, **env})
+        except KeyboardInterrupt:
+            return 0

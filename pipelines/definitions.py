@@ -1,0 +1,118 @@
+"""Everything Dagster loads: `dagster dev -m pipelines.definitions`.
+
+Jobs: `nightly_sync` (all assets, incremental, scheduled at 02:00 in CLINICAL_TIMEZONE),
+`full_resync` (every set snapshotted: also the way to reset one set, by selecting its
+assets), `documents_sync` (patient documents alone), `backfill_range` (re-read a date
+range of the cursor sets without moving the watermark). Per-run options live in the `sync_options` resource's launchpad config.
+"""
+
+from __future__ import annotations
+
+import os
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from dagster import (
+    AssetSelection,
+    DefaultScheduleStatus,
+    Definitions,
+    EnvVar,
+    ScheduleDefinition,
+    define_asset_job,
+)
+
+from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.clinical_records.errors import ConfigError
+from pipelines.assets import build_assets, build_reference_checks
+from pipelines.checks import freshness_checks
+from pipelines.documents_asset import patient_documents
+from pipelines.keys import lake_key, table_key
+from pipelines.resources import (
+    DEFAULT_LAKE_ROOT,
+    DEFAULT_WAREHOUSE_PATH,
+    ClinicalApiResource,
+    LakeResource,
+    SyncOptionsResource,
+    WarehouseResource,
+)
+
+NIGHTLY_CRON = "0 2 * * *"
+
+
+def timezone() -> str:
+    """CLINICAL_TIMEZONE (an IANA name) for the nightly schedule; UTC when unset."""
+    name = os.environ.get("CLINICAL_TIMEZONE") or "UTC"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError("CLINICAL_TIMEZONE", "an IANA time zone such as Europe/Berlin") from None
+    return name
+
+
+def resources() -> dict[str, object]:
+    """Secrets as EnvVar (read at launch, never shown); paths default as DESIGN.md says."""
+    return {
+        "clinical_api": ClinicalApiResource(
+            base_url=EnvVar("CLINICAL_API_BASE_URL"),
+            auth_url=EnvVar("CLINICAL_AUTH_URL"),
+            client_id=EnvVar("CLINICAL_CLIENT_ID"),
+            client_secret=EnvVar("CLINICAL_CLIENT_SECRET"),
+            api_key=EnvVar("CLINICAL_API_KEY"),
+            customer=EnvVar("CLINICAL_CUSTOMER"),
+        ),
+        "lake": LakeResource(root=os.environ.get("LAKE_ROOT") or DEFAULT_LAKE_ROOT),
+        "warehouse": WarehouseResource(
+            path=os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
+        ),
+        "sync_options": SyncOptionsResource(),
+    }
+
+
+def _options(**values: object) -> dict[str, object]:
+    return {"resources": {"sync_options": {"config": values}}}
+
+
+ASSETS = build_assets()
+CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
+
+nightly_sync = define_asset_job(
+    "nightly_sync",
+    selection=AssetSelection.all(),
+    description="Incremental sync of every entity set, then the analytics models",
+)
+full_resync = define_asset_job(
+    "full_resync",
+    selection=AssetSelection.all(),
+    config=_options(full=True),
+    description="Full snapshot of every selected set (select one set's assets to reset it)",
+)
+documents_sync = define_asset_job(
+    "documents_sync",
+    selection=AssetSelection.assets(patient_documents),
+    description="Patient documents' metadata (content only when asked in the launchpad)",
+)
+backfill_range = define_asset_job(
+    "backfill_range",
+    selection=AssetSelection.assets(
+        *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS]
+    ),
+    config=_options(backfill_from="YYYY-MM-DD", backfill_to="YYYY-MM-DD"),
+    description="Re-read a date range of the sets with a cursor; the nightly watermark stays",
+)
+nightly_schedule = ScheduleDefinition(
+    name="nightly_sync_schedule",
+    job=nightly_sync,
+    cron_schedule=NIGHTLY_CRON,
+    execution_timezone=timezone(),
+    default_status=DefaultScheduleStatus.STOPPED,
+    description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
+)
+FRESHNESS, FRESHNESS_SENSOR = freshness_checks([table_key(e) for e in ENTITY_SETS])
+
+defs = Definitions(
+    assets=[*ASSETS, patient_documents],
+    asset_checks=[*build_reference_checks(), *FRESHNESS],
+    jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
+    schedules=[nightly_schedule],
+    sensors=[FRESHNESS_SENSOR],
+    resources=resources(),
+)

@@ -1,0 +1,187 @@
+"""`clinical-sync documents upload|list|download|delete`: staff scripts' door to spec 4.3.
+
+The connector checks type and size before sending; the service's 400, 404 and 413 become
+one clear line each. Exit codes: 0 done, 1 refused (by the checks or the service), 2 a
+problem of the operator's setup (configuration, a missing local file, an existing output).
+Document ids are printed as the commands' results on stdout, never logged. Upload and delete
+leave a note so that the next documents sync lists that patient whole.
+
+Module level imports the standard library only: `clinical-sync --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REFUSED, SETUP = 1, 2
+LIST_COLUMNS = (
+    "id",
+    "file_name",
+    "content_type",
+    "file_size_bytes",
+    "document_type",
+    "uploaded_at",
+)
+
+# Error class name -> what to tell the operator (the service's own message follows).
+REFUSALS: dict[str, str] = {
+    "DocumentError": "not sent",
+    "BadRequest": "refused by the service (400 bad request)",
+    "NotFound": "not found (404): no such patient, or no such document of this patient",
+    "PayloadTooLarge": "refused by the service (413: the file exceeds the 25 MB limit)",
+}
+
+
+def _fail(code: int, text: str) -> int:
+    print(f"clinical-sync documents: {text}", file=sys.stderr)
+    return code
+
+
+@contextmanager
+def _documents() -> Iterator[Any]:
+    """A DocumentsClient for the CLINICAL_* settings (ConfigError reaches `main`: exit 2)."""
+    from connectors.clinical_records.client import ClinicalClient
+    from connectors.clinical_records.documents import DocumentsClient
+    from connectors.clinical_records.settings import Settings
+
+    with ClinicalClient(Settings.from_env()) as client:
+        yield DocumentsClient(client)
+
+
+def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the connector's refusals into a message and exit code 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        from connectors.clinical_records.errors import ApiError, ClinicalApiError, ConfigError
+
+        try:
+            return command(args)
+        except ConfigError:
+            raise
+        except ApiError as error:
+            label = REFUSALS.get(type(error).__name__, f"refused by the service ({error.status})")
+            detail = ": ".join(p for p in (error.message, error.details) if p)
+            return _fail(REFUSED, label + (f": {detail}" if detail else ""))
+        except ClinicalApiError as error:
+            label = REFUSALS.get(type(error).__name__, "failed")
+            return _fail(REFUSED, f"{label}: {error}")
+
+    return run
+
+
+def _note(patient: str) -> None:
+    from pipelines.documents import note_patient
+    from pipelines.home import lake_root
+
+    note_patient(lake_root(), patient)
+
+
+def upload(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        return _fail(SETUP, f"no file at {path}")
+    with _documents() as docs:
+        meta = docs.upload(
+            args.patient,
+            path,
+            document_type=args.type,
+            description=args.description,
+            content_type=args.content_type,
+        )
+    _note(args.patient)
+    print(
+        f"uploaded {meta.get('id')}: {meta.get('file_name')} ({meta.get('content_type')}, "
+        f"{meta.get('file_size_bytes')} bytes)"
+    )
+    return 0
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def list_documents(args: argparse.Namespace) -> int:
+    from connectors.clinical_records.catalogue import DOCUMENTS
+    from connectors.clinical_records.errors import QueryError
+    from connectors.clinical_records.query import F, Query, all_of
+    from pipelines.commands import format_table
+
+    condition = all_of(
+        F("document_type") == args.type if args.type else None,
+        F(DOCUMENTS.cursor) >= args.since if args.since else None,
+    )
+    try:
+        Query(DOCUMENTS, filter=condition)  # checked before any request
+    except QueryError as error:
+        return _fail(SETUP, f"--since/--type: {error}")
+    with _documents() as docs:
+        found = docs.list(args.patient, filter=condition)
+    rows = [[_cell(d.get(c)) for c in LIST_COLUMNS] for d in found]
+    print(format_table([list(LIST_COLUMNS), *rows]))
+    print(f"{len(rows)} documents", file=sys.stderr)
+    return 0
+
+
+def download(args: argparse.Namespace) -> int:
+    with _documents() as docs:
+        meta = docs.metadata(args.patient, args.document)
+        target = Path(args.output) if args.output else Path(Path(meta["file_name"]).name)
+        if target.exists() and not args.force:
+            return _fail(SETUP, f"{target} exists; choose --output or add --force")
+        private = os.umask(0o077)  # protected health information: readable by the owner only
+        try:
+            size = docs.download(args.patient, args.document, target)
+        finally:
+            os.umask(private)
+    expected = meta.get("file_size_bytes")
+    if expected is not None and size != expected:
+        target.unlink(missing_ok=True)
+        return _fail(REFUSED, f"received {size} bytes where the metadata states {expected}")
+    print(f"saved {size} bytes ({meta.get('content_type')}) to {target}")
+    return 0
+
+
+def delete(args: argparse.Namespace) -> int:
+    with _documents() as docs:
+        docs.delete(args.patient, args.document)
+    _note(args.patient)
+    print("deleted")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`documents` and its four subcommands (imports nothing until one runs)."""
+    p = sub.add_parser("documents", help="upload, list, download or delete patient documents")
+    actions = p.add_subparsers(dest="action", required=True)
+
+    up = actions.add_parser("upload", help="upload a PDF, PNG, JPEG, TIFF or DOCX (max 25 MB)")
+    up.add_argument("patient", help="patient id")
+    up.add_argument("file", help="file to upload")
+    up.add_argument("--type", help="document_type label, e.g. Prescription")
+    up.add_argument("--description", help="human-readable description")
+    up.add_argument("--content-type", help="MIME type (default: from the file name)")
+    up.set_defaults(func=_guarded(upload))
+
+    ls = actions.add_parser("list", help="a patient's documents")
+    ls.add_argument("patient", help="patient id")
+    ls.add_argument("--type", help="only this document_type")
+    ls.add_argument("--since", metavar="ISO-8601", help="only uploaded at or after (with Z)")
+    ls.set_defaults(func=_guarded(list_documents))
+
+    down = actions.add_parser("download", help="save a document's file")
+    down.add_argument("patient", help="patient id")
+    down.add_argument("document", help="document id")
+    down.add_argument("--output", "-o", help="file to write (default: its file name, here)")
+    down.add_argument("--force", action="store_true", help="overwrite an existing file")
+    down.set_defaults(func=_guarded(download))
+
+    rm = actions.add_parser("delete", help="delete a document")
+    rm.add_argument("patient", help="patient id")
+    rm.add_argument("document", help="document id")
+    rm.set_defaults(func=_guarded(delete))

@@ -1,0 +1,145 @@
+"""Opt-in document content: streamed into the content store under `<LAKE_ROOT>/_documents`
+(size checked against the metadata, sha256 computed, owner-only, atomic), recorded in
+`ops.document_content`, and skipped next time while the store still holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from connectors.clinical_records.catalogue import DOCUMENTS
+from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.documents import DocumentsClient
+from connectors.clinical_records.errors import NotFound
+from pipelines.documents_plan import DOCS_TABLE
+from warehouse.content_store import ContentMismatch, ContentStore
+from warehouse.ddl import OPS
+from warehouse.ident import literal, qualified, quote
+
+CONTENT_DIR = "_documents"  # under LAKE_ROOT: the content store (and the CLI's notes)
+MANIFEST = "document_content"
+MANIFEST_MEANING = "Document content held in the content store under <LAKE_ROOT>/_documents"
+MANIFEST_COLUMNS: dict[str, tuple[str, str]] = {
+    "document_id": ("VARCHAR", "Document id (clinical.patient_documents.id)"),
+    "patient_id": (DOCUMENTS.field("patient_id").canonical.value, "Owning patient"),
+    "sha256": ("VARCHAR", "sha256 of the content: its file is sha256/<first 2>/<sha256>"),
+    "size": ("BIGINT", "Bytes held, equal to file_size_bytes of the metadata"),
+    "content_type": ("VARCHAR", "MIME type the metadata states"),
+    "stored_at": ("TIMESTAMPTZ", "When the content was stored"),
+    "run_id": ("VARCHAR", "Run that downloaded it"),
+}
+MANIFEST_TABLE = qualified(OPS, MANIFEST)
+
+
+def manifest_ddl() -> Iterator[str]:
+    """`ops.document_content`, idempotent, with comments (the warehouse DDL lacks it)."""
+    body = ",\n  ".join(f"{quote(c)} {kind}" for c, (kind, _) in MANIFEST_COLUMNS.items())
+    yield f"CREATE SCHEMA IF NOT EXISTS {quote(OPS)}"
+    yield f"CREATE TABLE IF NOT EXISTS {MANIFEST_TABLE} (\n  {body}\n)"
+    yield f"COMMENT ON TABLE {MANIFEST_TABLE} IS {literal(MANIFEST_MEANING)}"
+    for column, (_, meaning) in MANIFEST_COLUMNS.items():
+        yield f"COMMENT ON COLUMN {MANIFEST_TABLE}.{quote(column)} IS {literal(meaning)}"
+
+
+def content_store(lake_root: str | Path) -> ContentStore:
+    return ContentStore(Path(lake_root) / CONTENT_DIR)
+
+
+@dataclass(frozen=True)
+class ContentItem:
+    patient_id: str
+    document_id: str
+    size: int | None
+    content_type: str | None
+
+
+@dataclass
+class ContentResult:
+    wanted: int = 0
+    downloaded: int = 0
+    bytes: int = 0
+    already_held: int = 0  # same bytes held under another document (stored once)
+    mismatched: int = 0  # size differs from the metadata: nothing kept, retried next run
+    missing: int = 0  # deleted at the source meanwhile
+
+
+def content_todo(con: duckdb.DuckDBPyConnection, store: ContentStore) -> list[ContentItem]:
+    """Live documents whose content is not held (no manifest row, another size, file gone)."""
+    rows = con.execute(
+        f'SELECT CAST(d."patient_id" AS VARCHAR), d."id", d."file_size_bytes", d."content_type", '
+        f'm."sha256", m."size" FROM {DOCS_TABLE} AS d '
+        f'LEFT JOIN {MANIFEST_TABLE} AS m ON m."document_id" = d."id" '
+        f'WHERE d."_deleted_at" IS NULL ORDER BY d."id"'
+    ).fetchall()
+    return [
+        ContentItem(patient, doc, size, kind)
+        for patient, doc, size, kind, sha, held_size in rows
+        if sha is None or held_size != size or not store.holds(sha)
+    ]
+
+
+def download_content(
+    client: ClinicalClient, store: ContentStore, todo: Sequence[ContentItem], run_id: str
+) -> tuple[list[tuple], ContentResult]:
+    """Stream each document into the store; returns manifest rows and the figures."""
+    docs = DocumentsClient(client)
+    result = ContentResult(wanted=len(todo))
+
+    def one(item: ContentItem) -> tuple[str, Any]:
+        scratch = store.scratch()
+        try:
+            docs.download(item.patient_id, item.document_id, scratch)
+            return "stored", store.put_file(scratch, expected_size=item.size)
+        except NotFound:
+            return "missing", None
+        except ContentMismatch:
+            return "mismatched", None
+        finally:
+            scratch.unlink(missing_ok=True)
+
+    rows: list[tuple] = []
+    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
+        for item, (outcome, stored) in zip(todo, pool.map(one, todo), strict=True):
+            if outcome != "stored":
+                setattr(result, outcome, getattr(result, outcome) + 1)
+                continue
+            result.downloaded += 1
+            result.bytes += stored.size
+            result.already_held += not stored.written
+            rows.append(
+                (
+                    item.document_id,
+                    item.patient_id,
+                    stored.sha256,
+                    stored.size,
+                    item.content_type,
+                    datetime.now(UTC),
+                    run_id,
+                )
+            )
+    return rows, result
+
+
+def record_content(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> None:
+    if not rows:
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(
+            f'DELETE FROM {MANIFEST_TABLE} WHERE "document_id" IN '
+            f"(SELECT unnest(CAST(? AS VARCHAR[])))",
+            [[r[0] for r in rows]],
+        )
+        marks = ", ".join("?" for _ in MANIFEST_COLUMNS)
+        con.executemany(f"INSERT INTO {MANIFEST_TABLE} VALUES ({marks})", list(rows))
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise

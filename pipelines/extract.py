@@ -1,0 +1,163 @@
+"""One extraction: the plan's records from the API, normalised, into immutable lake batches.
+
+Writes Parquet only (never DuckDB), so extractions of different entity sets may run in
+parallel. The watermark it computes travels with the result and is committed by the load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+from uuid import uuid4
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.clinical_records.catalogue import Edm, EntitySet
+from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.query import Expr, F, Query, all_of
+from pipelines.progress import Progress
+from pipelines.strategy import Mode, Plan, watermark_of
+from warehouse.lake import Lake
+from warehouse.normalise import REJECT, normalise
+
+BATCH_ROWS = 5_000  # records per lake file: bounded memory, few files
+
+
+def _utc_text(moment: datetime) -> str:
+    """A plain-string cursor (Prescriptions.created_at) is fixed-width UTC text with Z."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# How a bound is written for a cursor field of each spec type.
+CURSOR_LITERAL: dict[Edm, Callable[[Any], Any]] = {
+    Edm.DATETIME: lambda v: v,
+    Edm.DATE: lambda v: v.date() if isinstance(v, datetime) else v,
+    Edm.STRING: lambda v: _utc_text(v if isinstance(v, datetime) else _midnight(v)),
+}
+
+
+def _midnight(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def cursor_filter(plan: Plan) -> Expr | None:
+    """`cursor ge since [and cursor lt until]` for increments and backfills; None for snapshots."""
+    entity = plan.entity
+    if plan.mode not in (Mode.INCREMENTAL, Mode.BACKFILL) or entity.cursor is None:
+        return None
+    to_literal = CURSOR_LITERAL[entity.field(entity.cursor).type]
+    lower = F(entity.cursor) >= to_literal(plan.since) if plan.since is not None else None
+    upper = F(entity.cursor) < to_literal(plan.until) if plan.until is not None else None
+    return all_of(lower, upper)
+
+
+@dataclass
+class Extraction:
+    """What an extraction left in the lake, for the load and the run's metadata."""
+
+    entity: str
+    mode: str
+    reason: str
+    run_id: str
+    files: list[str] = field(default_factory=list)
+    fetched: int = 0
+    rejected: int = 0
+    source_total: int | None = None
+    watermark: str | None = None  # to commit with the load; None leaves the stored one
+    stats: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def snapshot(self) -> bool:
+        return self.mode == Mode.SNAPSHOT.value
+
+
+def _max_cursor(entity: EntitySet, table: pa.Table) -> Any:
+    if entity.cursor is None or table.num_rows == 0:
+        return None
+    return pc.max(table.column(entity.cursor)).as_py()
+
+
+class _BatchWriter:
+    """Buffers pages, normalises and writes a lake file every BATCH_ROWS records.
+
+    The last file carries the watermark: a snapshot sees every record, so it recomputes it
+    (a reset); an increment never moves it backwards; a backfill leaves it alone.
+    """
+
+    def __init__(self, lake: Lake, plan: Plan, run_id: str, previous_watermark: str | None) -> None:
+        self.lake, self.entity, self.plan, self.run_id = lake, plan.entity, plan, run_id
+        self.previous = None if plan.snapshot else previous_watermark
+        self.extracted_at = datetime.now(UTC)
+        self.snapshot_id = uuid4().hex if plan.snapshot else None
+        self.buffer: list[dict] = []
+        self.files: list[str] = []
+        self.cursors: list[Any] = []
+        self.rejected = 0
+        self.watermark: str | None = None
+
+    def add(self, records: list[dict]) -> None:
+        self.buffer.extend(records)
+        if len(self.buffer) >= BATCH_ROWS:
+            self.flush(final=False)
+
+    def flush(self, *, final: bool) -> None:
+        if not self.buffer and not final:
+            return
+        batch = normalise(self.entity, self.buffer)
+        self.buffer = []
+        self.cursors.append(_max_cursor(self.entity, batch.table))
+        self.rejected += sum(1 for r in batch.rejects if r.kind == REJECT)
+        if final and self.plan.moves_watermark:
+            self.watermark = watermark_of(self.entity, self.cursors, self.previous)
+        empty = batch.table.num_rows == 0 and not batch.rejects
+        if final and empty and not self.files and not self.plan.snapshot:
+            return  # nothing new: no file; the load still commits the run's state
+        path = self.lake.write(
+            self.entity,
+            batch.table,
+            run_id=self.run_id,
+            extracted_at=self.extracted_at,
+            snapshot_id=self.snapshot_id,
+            watermark=self.watermark if final else None,
+            snapshot_complete=final and self.plan.snapshot,
+            rejects=batch.rejects,
+        )
+        self.files.append(str(path))
+
+
+def extract(
+    plan: Plan,
+    client: ClinicalClient,
+    lake: Lake,
+    *,
+    run_id: str,
+    previous_watermark: str | None,
+    progress: Progress,
+) -> Extraction:
+    """Run `plan`: page through the API, write lake batches, compute the next watermark."""
+    entity = plan.entity
+    result = Extraction(entity.name, plan.mode.value, plan.reason, run_id)
+    if plan.mode is Mode.SKIP:
+        return result
+    started = time.monotonic()
+    writer = _BatchWriter(lake, plan, run_id, previous_watermark)
+    progress.start(entity.name)
+    for page in client.iter_pages(entity, Query(entity, filter=cursor_filter(plan))):
+        writer.add(page.records)
+        result.fetched += len(page.records)
+        if result.source_total is None:
+            result.source_total = page.total
+        progress.page(entity.name, len(page.records), page.total)
+    writer.flush(final=True)
+    progress.finish(entity.name)
+    result.files = writer.files
+    result.rejected = writer.rejected
+    result.watermark = writer.watermark
+    result.stats = client.stats.as_dict()
+    result.seconds = round(time.monotonic() - started, 3)
+    return result

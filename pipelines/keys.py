@@ -1,0 +1,27 @@
+"""Asset keys and groups, one naming rule for the graph: `lake/<table>`, `clinical/<table>`,
+`analytics/<view>`."""
+
+from __future__ import annotations
+
+from dagster import AssetKey
+
+from connectors.clinical_records.catalogue import EntitySet
+
+LAKE_GROUP = "lake"
+CLINICAL_GROUP = "clinical"
+ANALYTICS_GROUP = "analytics"
+OWNERS = ["team:clinical-data"]
+API_POOL = "clinical_api"
+WAREHOUSE_POOL = "warehouse"
+
+
+def lake_key(entity: EntitySet) -> AssetKey:
+    return AssetKey([LAKE_GROUP, entity.table])
+
+
+def table_key(entity: EntitySet) -> AssetKey:
+    return AssetKey([CLINICAL_GROUP, entity.table])
+
+
+def model_key(name: str) -> AssetKey:
+    return AssetKey([ANALYTICS_GROUP, name])

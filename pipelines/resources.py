@@ -1,0 +1,128 @@
+"""Thin Dagster resources around the connector, the lake and the warehouse.
+
+The layers below import no Dagster; these classes only carry configuration. Credentials are
+bound as `dagster.EnvVar` in `definitions.py`, so the UI shows variable names, never values.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import date, timedelta
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field as ConfigField
+
+from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.settings import Settings
+from pipelines.strategy import Options
+from warehouse.lake import Lake
+
+DEFAULT_WAREHOUSE_PATH = "data/warehouse.duckdb"
+DEFAULT_LAKE_ROOT = "data/lake"
+
+
+class ClinicalApiResource(ConfigurableResource):
+    """The Clinical Records API: credentials and limits, validated by the connector's Settings."""
+
+    base_url: str = ConfigField(description="CLINICAL_API_BASE_URL")
+    auth_url: str = ConfigField(description="CLINICAL_AUTH_URL")
+    client_id: str = ConfigField(description="CLINICAL_CLIENT_ID")
+    client_secret: str = ConfigField(description="CLINICAL_CLIENT_SECRET")
+    api_key: str = ConfigField(description="CLINICAL_API_KEY")
+    customer: str = ConfigField(description="CLINICAL_CUSTOMER")
+    rate_limit: float | None = ConfigField(
+        default=None, description="Requests per second for all processes (CLINICAL_RATE_LIMIT)"
+    )
+    burst: int | None = ConfigField(default=None, description="Burst size (CLINICAL_BURST)")
+    limiter_path: str | None = ConfigField(
+        default=None, description="Token bucket file shared by processes (CLINICAL_LIMITER_PATH)"
+    )
+
+    def settings(self) -> Settings:
+        """Settings from these fields; other tuning variables (CA, timeouts...) from the env."""
+        limits = {
+            name: str(value)
+            for name, value in (
+                ("CLINICAL_RATE_LIMIT", self.rate_limit),
+                ("CLINICAL_BURST", self.burst),
+                ("CLINICAL_LIMITER_PATH", self.limiter_path),
+            )
+            if value is not None
+        }
+        env = {
+            **os.environ,
+            **limits,
+            "CLINICAL_API_BASE_URL": self.base_url,
+            "CLINICAL_AUTH_URL": self.auth_url,
+            "CLINICAL_CLIENT_ID": self.client_id,
+            "CLINICAL_CLIENT_SECRET": self.client_secret,
+            "CLINICAL_API_KEY": self.api_key,
+            "CLINICAL_CUSTOMER": self.customer,
+        }
+        return Settings.from_env(env)
+
+
+class LakeResource(ConfigurableResource):
+    """The Parquet lake (LAKE_ROOT): extraction writes here, loads and rebuilds read here."""
+
+    root: str = DEFAULT_LAKE_ROOT
+
+    def lake(self) -> Lake:
+        return Lake(Path(self.root))
+
+
+class WarehouseResource(ConfigurableResource):
+    """The DuckDB warehouse file (WAREHOUSE_PATH); one writer at a time (pool `warehouse`)."""
+
+    path: str = DEFAULT_WAREHOUSE_PATH
+
+    def open(self):  # -> warehouse.load.Warehouse
+        from warehouse.load import Warehouse
+
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        return Warehouse(self.path)
+
+
+def _day(name: str, text: str | None) -> date | None:
+    if not text:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"sync_options.{name}", "a date YYYY-MM-DD") from None
+
+
+class SyncOptionsResource(ConfigurableResource):
+    """How this run syncs; set per run in the launchpad (`resources: sync_options: config:`)."""
+
+    full: bool = ConfigField(
+        default=False, description="Full snapshot of every selected entity set (a reset)"
+    )
+    lookback_minutes: float = ConfigField(
+        default=60.0, description="Cursor sets re-read this far behind the watermark"
+    )
+    snapshot_every_days: float = ConfigField(
+        default=7.0, description="Cadence of the full snapshot of Patients, Prescriptions, ..."
+    )
+    backfill_from: str | None = ConfigField(
+        default=None, description="Re-sync cursor rows from this date (YYYY-MM-DD), inclusive"
+    )
+    backfill_to: str | None = ConfigField(
+        default=None, description="... to this date, exclusive (default: today)"
+    )
+
+    def options(self) -> Options:
+        start = _day("backfill_from", self.backfill_from)
+        end = _day("backfill_to", self.backfill_to)
+        if end is not None and start is None:
+            raise ConfigError("sync_options.backfill_from", "a date when backfill_to is given")
+        if start is not None and end is not None and end <= start:
+            raise ConfigError("sync_options.backfill_to", "a date after backfill_from")
+        return Options(
+            full=self.full,
+            lookback=timedelta(minutes=self.lookback_minutes),
+            snapshot_every=timedelta(days=self.snapshot_every_days),
+            backfill_from=start,
+            backfill_to=end,
+        )

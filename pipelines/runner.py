@@ -1,0 +1,228 @@
+"""One sync run through Dagster's Python API, for the CLI, the demo, tests and benchmarks.
+
+The same assets and checks as `dagster dev` shows, materialized in this process with the
+resources built from an environment mapping, and the figures read back from the run's
+materialization events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+
+from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+
+from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, entity
+from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.settings import Settings
+from pipelines.assets import build_assets, build_reference_checks
+from pipelines.keys import CLINICAL_GROUP, lake_key, table_key
+from pipelines.liveness import release_orphans, run_tags
+from pipelines.resources import (
+    ClinicalApiResource,
+    LakeResource,
+    SyncOptionsResource,
+    WarehouseResource,
+)
+
+log = logging.getLogger(__name__)
+
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("entity", "entity set"),
+    ("mode", "mode"),
+    ("rows_fetched", "fetched"),
+    ("rows_inserted", "inserted"),
+    ("rows_updated", "updated"),
+    ("rows_soft_deleted", "deleted"),
+    ("rows_rejected", "rejected"),
+    ("live_rows", "rows"),
+    ("requests", "requests"),
+    ("throttled_429", "429s"),
+    ("retries", "retries"),
+    ("wait_seconds", "wait s"),
+)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    table: str
+    name: str
+    passed: bool
+    severity: str
+    metadata: dict[str, object]
+
+
+@dataclass
+class SyncReport:
+    """Per entity set, the load's metadata; and the run as a whole."""
+
+    run_id: str
+    success: bool
+    seconds: float
+    entities: dict[str, dict[str, object]] = field(default_factory=dict)
+    checks: list[CheckOutcome] = field(default_factory=list)
+    failure: str | None = None
+
+    def failed_checks(self) -> list[CheckOutcome]:
+        return [c for c in self.checks if not c.passed]
+
+    def check_lines(self) -> list[str]:
+        """One line for the checks that passed, one per check that did not."""
+        failed = self.failed_checks()
+        lines = [f"checks: {len(self.checks) - len(failed)} of {len(self.checks)} passed"]
+        for c in failed:
+            figures = ", ".join(f"{k} {v}" for k, v in c.metadata.items())
+            lines.append(f"  {c.severity:<5} {c.table}.{c.name}: {figures}")
+        return lines
+
+    @property
+    def requests(self) -> int:
+        return int(sum(float(e.get("requests", 0)) for e in self.entities.values()))
+
+    def table(self) -> str:
+        """The summary table printed at the end of a sync."""
+        rows = [[label for _, label in SUMMARY_COLUMNS]]
+        for name, figures in self.entities.items():
+            values = {"entity": name, **figures}
+            rows.append([_cell(values.get(key, "")) for key, _ in SUMMARY_COLUMNS])
+        total = {"entity": "total", "requests": self.requests}
+        rows.append([_cell(total.get(key, "")) for key, _ in SUMMARY_COLUMNS])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_COLUMNS))]
+        lines = ["  ".join(_align(r, widths)) for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def _align(row: list[str], widths: list[int]) -> list[str]:
+    """Names left, figures right."""
+    return [
+        c.ljust(w) if i < 2 else c.rjust(w)
+        for i, (c, w) in enumerate(zip(row, widths, strict=True))
+    ]
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if not value.is_integer() else f"{int(value):,}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def resources_from_env(
+    env: Mapping[str, str], lake_root: str, warehouse_path: str, **options: object
+) -> dict[str, object]:
+    """Resources for an in-process run; the environment is validated first (ConfigError)."""
+    settings = Settings.from_env(env)
+    return {
+        "clinical_api": ClinicalApiResource(
+            base_url=settings.base_url,
+            auth_url=settings.auth_url,
+            client_id=settings.client_id,
+            client_secret=settings.client_secret,
+            api_key=settings.api_key,
+            customer=settings.customer,
+            rate_limit=settings.rate_limit,
+            burst=settings.burst,
+            limiter_path=str(settings.limiter_path),
+        ),
+        "lake": LakeResource(root=str(lake_root)),
+        "warehouse": WarehouseResource(path=str(warehouse_path)),
+        "sync_options": SyncOptionsResource(**options),  # type: ignore[arg-type]
+    }
+
+
+def resolve(names: Sequence[str]) -> list[EntitySet]:
+    """Entity sets by the spec's name or table name; ConfigError for an unknown one."""
+    chosen = []
+    for name in names:
+        try:
+            found = entity(name)
+        except KeyError:
+            known = ", ".join(e.name for e in ENTITY_SETS)
+            raise ConfigError("--only", f"entity sets among: {known}") from None
+        if found not in ENTITY_SETS:
+            raise ConfigError("--only", "an entity set synced by table (not Documents)")
+        chosen.append(found)
+    return chosen
+
+
+def selection(only: Sequence[EntitySet]) -> AssetSelection:
+    """The chosen sets' extraction and load, and the analytics models downstream of them."""
+    if not only:
+        return AssetSelection.all()
+    keys = [k for e in only for k in (lake_key(e), table_key(e))]
+    chosen = AssetSelection.assets(*keys)
+    return chosen | AssetSelection.assets(*[table_key(e) for e in only]).downstream(
+        include_self=False
+    )
+
+
+def sync(
+    env: Mapping[str, str],
+    *,
+    lake_root: str,
+    warehouse_path: str,
+    full: bool = False,
+    only: Sequence[str] = (),
+    backfill_from: date | None = None,
+    backfill_to: date | None = None,
+    instance: DagsterInstance | None = None,
+    tags: Mapping[str, str] | None = None,
+    log_level: str = "INFO",
+) -> SyncReport:
+    """Materialize the selected assets (and their checks) once; return what each set did."""
+    options: dict[str, object] = {"full": full}
+    if backfill_from is not None:
+        options["backfill_from"] = backfill_from.isoformat()
+    if backfill_to is not None:
+        options["backfill_to"] = backfill_to.isoformat()
+    resources = resources_from_env(env, lake_root, warehouse_path, **options)
+    if instance is not None:
+        for run_id in release_orphans(instance):
+            log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
+    started = time.monotonic()
+    result = materialize(
+        [*build_assets(), *build_reference_checks()],
+        resources=resources,
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        instance=instance,
+        selection=selection(resolve(only)),
+        tags={**run_tags(), **(tags or {})},
+        raise_on_error=False,
+    )
+    report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
+    by_table = {e.table: e for e in ENTITY_SETS}
+    for event in result.get_asset_materialization_events():
+        key: AssetKey = event.asset_key
+        if key.path[0] != CLINICAL_GROUP:
+            continue
+        metadata = event.materialization.metadata
+        figures = {name: value.value for name, value in metadata.items()}
+        report.entities[by_table[key.path[-1]].name] = figures
+    for evaluation in result.get_asset_check_evaluations():
+        report.checks.append(
+            CheckOutcome(
+                table=evaluation.asset_key.path[-1],
+                name=evaluation.check_name,
+                passed=evaluation.passed,
+                severity=evaluation.severity.value,
+                metadata={k: v.value for k, v in evaluation.metadata.items()},
+            )
+        )
+    order = [e.name for e in ENTITY_SETS]
+    report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
+    if not result.success:
+        report.failure = _failure(result)
+    return report
+
+
+def _failure(result) -> str:
+    """The first step failure's message (the connector's errors carry no PHI)."""
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            return f"{event.step_key}: {event.step_failure_data.error.message.strip()}"
+    return "the run failed"

@@ -1,0 +1,152 @@
+"""What one sync of one entity set fetches: a snapshot, the rows past the watermark, a date
+range, or nothing. Pure decisions from the catalogue's `Strategy`, the committed sync state
+and the run's options, so they are tested without a server or a warehouse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
+
+from connectors.clinical_records.catalogue import Canonical, EntitySet, Strategy
+
+
+class Mode(StrEnum):
+    SNAPSHOT = "snapshot"  # every record; what is missing was deleted at the source
+    INCREMENTAL = "incremental"  # records whose cursor is at or past the watermark (less lookback)
+    BACKFILL = "backfill"  # records whose cursor lies in a date range; the watermark stays
+    SKIP = "skip"  # nothing due this run
+
+
+@dataclass(frozen=True)
+class SyncState:
+    """The committed state of one entity set (a row of `ops.sync_state`)."""
+
+    watermark: str | None = None
+    last_snapshot_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """How this run syncs: forced snapshots, a backfill range, the lookback and the cadence."""
+
+    full: bool = False
+    lookback: timedelta = timedelta(hours=1)
+    snapshot_every: timedelta = timedelta(days=7)
+    backfill_from: date | None = None
+    backfill_to: date | None = None  # exclusive
+
+    @property
+    def backfill(self) -> bool:
+        return self.backfill_from is not None
+
+
+@dataclass(frozen=True)
+class Plan:
+    entity: EntitySet
+    mode: Mode
+    reason: str
+    since: datetime | date | None = None  # lower bound of the cursor, inclusive
+    until: datetime | date | None = None  # upper bound of the cursor, exclusive
+
+    @property
+    def snapshot(self) -> bool:
+        return self.mode is Mode.SNAPSHOT
+
+    @property
+    def moves_watermark(self) -> bool:
+        """A backfill re-reads old rows; only snapshots and increments advance the watermark."""
+        return self.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL)
+
+
+def cursor_is_date(entity: EntitySet) -> bool:
+    return entity.cursor is not None and entity.field(entity.cursor).canonical is Canonical.DATE
+
+
+def parse_watermark(entity: EntitySet, text: str) -> datetime | date:
+    """The stored watermark (ISO text) as the cursor's type."""
+    if cursor_is_date(entity):
+        return date.fromisoformat(text[:10])
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _since(entity: EntitySet, watermark: str, lookback: timedelta) -> datetime | date:
+    """`watermark - lookback`; a date cursor re-reads the whole last date ("ge last date")."""
+    mark = parse_watermark(entity, watermark)
+    return mark if isinstance(mark, date) and not isinstance(mark, datetime) else mark - lookback
+
+
+def _snapshot_due(state: SyncState, options: Options, now: datetime) -> bool:
+    last = state.last_snapshot_at
+    return last is None or now - last >= options.snapshot_every
+
+
+def _plan_cursor(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    assert state.watermark is not None
+    since = _since(entity, state.watermark, options.lookback)
+    return Plan(entity, Mode.INCREMENTAL, f"{entity.cursor} ge {since.isoformat()}", since)
+
+
+def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    return Plan(entity, Mode.SNAPSHOT, "small set: a snapshot every run")
+
+
+def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    if _snapshot_due(state, options, now):
+        return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due (catches updates and deletes)")
+    return _plan_cursor(entity, state, options, now)
+
+
+def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    if _snapshot_due(state, options, now):
+        return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due")
+    assert state.last_snapshot_at is not None
+    due = (state.last_snapshot_at + options.snapshot_every).isoformat(timespec="seconds")
+    return Plan(entity, Mode.SKIP, f"no cursor; next snapshot due {due}")
+
+
+PLANNERS: dict[Strategy, Callable[[EntitySet, SyncState, Options, datetime], Plan]] = {
+    Strategy.CURSOR: _plan_cursor,
+    Strategy.SNAPSHOT: _plan_snapshot,
+    Strategy.CREATED: _plan_created,
+    Strategy.PERIODIC_SNAPSHOT: _plan_periodic,
+}
+
+
+def _bound(entity: EntitySet, day: date | None) -> datetime | date | None:
+    if day is None or cursor_is_date(entity):
+        return day
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def plan(
+    entity: EntitySet, state: SyncState, options: Options, now: datetime | None = None
+) -> Plan:
+    """Decide what this run fetches for `entity`."""
+    now = now or datetime.now(UTC)
+    if options.backfill:
+        if entity.cursor is None:
+            return Plan(entity, Mode.SKIP, "no cursor to select a date range by")
+        since, until = _bound(entity, options.backfill_from), _bound(entity, options.backfill_to)
+        reason = f"backfill {entity.cursor} from {options.backfill_from} to {options.backfill_to}"
+        return Plan(entity, Mode.BACKFILL, reason, since, until)
+    if options.full:
+        return Plan(entity, Mode.SNAPSHOT, "full sync requested")
+    if state.watermark is None and entity.strategy in (Strategy.CURSOR, Strategy.CREATED):
+        return Plan(entity, Mode.SNAPSHOT, "no watermark yet: first sync")
+    return PLANNERS[entity.strategy](entity, state, options, now)
+
+
+def watermark_of(entity: EntitySet, values: list[object], previous: str | None) -> str | None:
+    """The highest cursor value seen (ISO text), never below the previous watermark."""
+    if entity.cursor is None:
+        return previous
+    seen = [v for v in values if v is not None]
+    if previous is not None:
+        seen.append(parse_watermark(entity, previous))
+    if not seen:
+        return None
+    return max(seen).isoformat()  # type: ignore[type-var]

@@ -1,0 +1,69 @@
+"""`clinical-sync` as an operator runs it: a real subprocess against a sandbox."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from connectors.clinical_records.catalogue import ENTITY_SETS
+
+CLI = str(Path(sys.executable).with_name("clinical-sync"))
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.fixture
+def operator_env(sandbox, tmp_path) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CLINICAL_")},
+        **sandbox.env(),
+        "CLINICAL_RATE_LIMIT": "1000",
+        "CLINICAL_BURST": "200",
+        "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
+        "WAREHOUSE_PATH": str(tmp_path / "wh.duckdb"),
+        "LAKE_ROOT": str(tmp_path / "lake"),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+    }
+
+
+@pytest.mark.integration
+def test_sync_then_status(sandbox, operator_env, tmp_path):
+    done = run(["sync"], operator_env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for ent in ENTITY_SETS:
+        assert ent.name in done.stdout
+    assert "requests" in done.stdout and "checks:" in done.stdout
+    secret = operator_env["CLINICAL_CLIENT_SECRET"]
+    assert secret not in done.stdout + done.stderr
+    assert (tmp_path / "dagster" / "dagster.yaml").exists()
+
+    counts = sandbox.store.counts()
+    with duckdb.connect(operator_env["WAREHOUSE_PATH"], read_only=True) as con:
+        for ent in ENTITY_SETS:
+            (rows,) = con.execute(f'SELECT count(*) FROM "clinical"."{ent.table}"').fetchone()
+            assert rows <= counts[ent.name] and rows >= counts[ent.name] * 0.95, ent.name
+
+    status = run(["status"], operator_env, tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert "Claims" in status.stdout and "watermark" in status.stdout
+
+
+@pytest.mark.integration
+def test_config_errors_name_the_variable_and_exit_2(operator_env, tmp_path):
+    env = {k: v for k, v in operator_env.items() if k != "CLINICAL_CLIENT_SECRET"}
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == 2
+    assert "CLINICAL_CLIENT_SECRET" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    unknown = run(["sync", "--only", "Nope"], operator_env, tmp_path)
+    assert unknown.returncode == 2 and "--only" in unknown.stderr

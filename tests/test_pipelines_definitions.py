@@ -1,0 +1,128 @@
+"""The Dagster definitions load, validate, and hold what operators rely on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import AssetCheckKey, AssetKey, EnvVar
+
+from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
+from pipelines import definitions
+from pipelines.checks import MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
+from pipelines.keys import API_POOL, WAREHOUSE_POOL, lake_key, table_key
+
+ROOT = Path(__file__).resolve().parents[1]
+defs = definitions.defs
+
+
+def test_dagster_definitions_validate_passes():
+    # As on a fresh clone: no DAGSTER_HOME, so Dagster reads ./dagster.yaml from the root.
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    cli = Path(sys.executable).with_name("dagster")
+    done = subprocess.run(
+        [str(cli), "definitions", "validate", "-m", "pipelines.definitions"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Validation successful" in done.stderr + done.stdout
+
+
+def test_one_extraction_and_one_table_per_entity_set_and_the_models():
+    graph = defs.resolve_asset_graph()
+    keys = set(graph.get_all_asset_keys())
+    expected = {k for e in ENTITY_SETS for k in (lake_key(e), table_key(e))}
+    assert expected <= keys
+    models = {k for k in keys if k.path[0] == "analytics"}
+    assert AssetKey(["analytics", "prescription_claims"]) in models
+    assert keys == expected | models | {table_key(DOCUMENTS)}
+    node = graph.get(AssetKey(["analytics", "prescription_claims"]))
+    assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
+        node.parent_keys
+    )
+    for entity in ENTITY_SETS:
+        assert graph.get(table_key(entity)).parent_keys == {lake_key(entity)}
+
+
+def test_pools_kinds_owners_and_descriptions():
+    for assets_def in defs.resolve_all_asset_specs():
+        assert assets_def.description, assets_def.key
+        assert assets_def.owners and assets_def.kinds, assets_def.key
+    graph = defs.resolve_asset_graph()
+    for entity in ENTITY_SETS:
+        assert graph.get(lake_key(entity)).pools == {API_POOL}
+        assert graph.get(table_key(entity)).pools == {WAREHOUSE_POOL}
+
+
+def test_jobs_schedule_and_sensor_exist():
+    for name in ("nightly_sync", "full_resync", "documents_sync", "backfill_range"):
+        assert defs.resolve_job_def(name) is not None
+    schedule = defs.resolve_schedule_def("nightly_sync_schedule")
+    assert schedule.cron_schedule == "0 2 * * *"
+    assert schedule.job_name == "nightly_sync"
+    assert schedule.execution_timezone == "UTC"
+    assert defs.resolve_sensor_def("freshness_checks_sensor") is not None
+
+
+def test_checks_exist_for_every_table():
+    checks = set(defs.resolve_asset_graph().asset_check_keys)
+    for entity in ENTITY_SETS:
+        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS):
+            assert AssetCheckKey(table_key(entity), name) in checks
+    names = {c.name for c in checks}
+    assert any("freshness" in n for n in names)
+    refs = {(r.source.name, r.target.name) for r in references()}
+    assert {
+        ("Claims", "Prescriptions"),
+        ("InsuranceVerifications", "Prescriptions"),
+        ("Prescriptions", "Patients"),
+    } <= refs
+    for ref in references():
+        assert AssetCheckKey(table_key(ref.source), ref.name) in checks
+
+
+def test_secrets_are_env_vars_never_values():
+    api = definitions.resources()["clinical_api"]
+    for name in ("client_secret", "api_key", "client_id", "base_url", "auth_url", "customer"):
+        assert isinstance(getattr(api, name), EnvVar), name
+
+
+def test_a_bad_timezone_names_the_variable(monkeypatch):
+    from connectors.clinical_records.errors import ConfigError
+
+    monkeypatch.setenv("CLINICAL_TIMEZONE", "Mars/Olympus")
+    with pytest.raises(ConfigError, match="CLINICAL_TIMEZONE"):
+        definitions.timezone()
+    monkeypatch.setenv("CLINICAL_TIMEZONE", "Europe/Berlin")
+    assert definitions.timezone() == "Europe/Berlin"
+
+
+def test_instance_yaml_limits_both_pools_to_one_and_turns_telemetry_off(tmp_path, monkeypatch):
+    from dagster import DagsterInstance
+
+    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with DagsterInstance.get() as instance:
+        config = instance.get_concurrency_config()
+        assert config.pool_config.default_pool_limit == 1
+        assert not instance.telemetry_enabled
+
+
+def test_dagster_home_gets_the_instance_yaml_and_keeps_an_operators_own(tmp_path, monkeypatch):
+    from pipelines import home
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "fresh"))
+    assert (home.dagster_home() / "dagster.yaml").read_text() == home.INSTANCE_YAML.read_text()
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(own))
+    home.dagster_home()
+    assert (own / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"

@@ -1,0 +1,152 @@
+"""The sync plan per strategy, the cursor filters it renders, watermarks, models and progress."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+
+from connectors.clinical_records.catalogue import (
+    APPOINTMENTS,
+    BRANCHES,
+    CLAIMS,
+    ENTITY_SETS,
+    INSURANCE_VERIFICATIONS,
+    PATIENTS,
+    PRESCRIPTIONS,
+    Strategy,
+)
+from connectors.clinical_records.query import Query
+from pipelines.extract import cursor_filter
+from pipelines.models import models, parse
+from pipelines.progress import Progress, Tally, TerminalProgress
+from pipelines.strategy import Mode, Options, SyncState, plan, watermark_of
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+RECENT = SyncState(watermark="2026-11-19T22:30:00+00:00", last_snapshot_at=NOW - timedelta(days=1))
+
+
+def render(p) -> str | None:
+    expr = cursor_filter(p)
+    return Query(p.entity, filter=expr).params().get("$filter") if expr else None
+
+
+def test_first_sync_of_every_set_is_a_snapshot():
+    for entity in ENTITY_SETS:
+        assert plan(entity, SyncState(), Options(), NOW).mode is Mode.SNAPSHOT, entity.name
+
+
+def test_cursor_set_reads_from_watermark_minus_lookback():
+    p = plan(APPOINTMENTS, RECENT, Options(lookback=timedelta(minutes=90)), NOW)
+    assert p.mode is Mode.INCREMENTAL and p.moves_watermark
+    assert render(p) == "updated_at ge 2026-11-19T21:00:00Z"
+
+
+def test_date_cursor_rereads_the_whole_last_date():
+    state = SyncState(watermark="2026-11-19", last_snapshot_at=NOW)
+    p = plan(CLAIMS, state, Options(lookback=timedelta(hours=5)), NOW)
+    assert render(p) == "updated_at ge 2026-11-19"
+
+
+def test_created_cursor_on_a_plain_string_field_uses_the_sources_text_form():
+    p = plan(PRESCRIPTIONS, RECENT, Options(lookback=timedelta(0)), NOW)
+    assert p.mode is Mode.INCREMENTAL
+    assert render(p) == "created_at ge '2026-11-19T22:30:00Z'"
+
+
+@pytest.mark.parametrize("entity", [PATIENTS, PRESCRIPTIONS, INSURANCE_VERIFICATIONS])
+def test_periodic_snapshot_follows_the_cadence(entity):
+    every = timedelta(days=7)
+    due = SyncState(RECENT.watermark, last_snapshot_at=NOW - every)
+    assert plan(entity, due, Options(snapshot_every=every), NOW).mode is Mode.SNAPSHOT
+    not_due = SyncState(RECENT.watermark, last_snapshot_at=NOW - every + timedelta(hours=1))
+    expected = Mode.SKIP if entity.cursor is None else Mode.INCREMENTAL
+    assert plan(entity, not_due, Options(snapshot_every=every), NOW).mode is expected
+
+
+def test_small_sets_snapshot_every_run_and_full_forces_snapshots():
+    assert plan(BRANCHES, RECENT, Options(), NOW).mode is Mode.SNAPSHOT
+    for entity in ENTITY_SETS:
+        assert plan(entity, RECENT, Options(full=True), NOW).snapshot
+
+
+def test_backfill_reads_a_range_and_leaves_the_watermark():
+    options = Options(backfill_from=date(2026, 10, 1), backfill_to=date(2026, 10, 3))
+    p = plan(APPOINTMENTS, RECENT, options, NOW)
+    assert p.mode is Mode.BACKFILL and not p.moves_watermark
+    assert render(p) == (
+        "(updated_at ge 2026-10-01T00:00:00Z and updated_at lt 2026-10-03T00:00:00Z)"
+    )
+    assert render(plan(CLAIMS, RECENT, options, NOW)) == (
+        "(updated_at ge 2026-10-01 and updated_at lt 2026-10-03)"
+    )
+    assert plan(BRANCHES, RECENT, options, NOW).mode is Mode.SKIP
+
+
+def test_every_strategy_of_the_catalogue_has_a_planner():
+    synced = {e.strategy for e in ENTITY_SETS}
+    assert synced <= {
+        Strategy.CURSOR,
+        Strategy.SNAPSHOT,
+        Strategy.CREATED,
+        Strategy.PERIODIC_SNAPSHOT,
+    }
+
+
+def test_watermark_never_moves_backwards():
+    older = datetime(2026, 1, 1, tzinfo=UTC)
+    newer = datetime(2026, 12, 1, tzinfo=UTC)
+    previous = "2026-06-01T00:00:00+00:00"
+    assert watermark_of(APPOINTMENTS, [older, None], previous) == previous
+    assert watermark_of(APPOINTMENTS, [newer], previous) == newer.isoformat()
+    assert watermark_of(CLAIMS, [date(2026, 3, 2)], None) == "2026-03-02"
+    assert watermark_of(BRANCHES, [], None) is None
+
+
+def test_models_name_their_view_and_the_tables_they_join():
+    found = {m.name: m for m in models()}
+    assert "prescription_claims" in found
+    tables = {e.table for e in found["prescription_claims"].sources}
+    assert {"prescriptions", "claims"} <= tables
+    model = parse("-- Why.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims")
+    assert (model.name, model.description, [e.name for e in model.sources]) == (
+        "x",
+        "Why.",
+        ["Claims"],
+    )
+    with pytest.raises(ValueError):
+        parse("SELECT 1")
+
+
+def test_progress_counts_pages_and_reports_at_the_end():
+    lines: list[str] = []
+    progress = Progress(lines.append, every=2)
+    for _ in range(3):
+        progress.page("Claims", 100, 250)
+    progress.finish("Claims")
+    assert len(lines) == 2  # after page 2, and at the end
+    assert "3/3 pages" in lines[-1] and "300 rows" in lines[-1]
+    tally = Tally("X", total_records=1000)
+    tally.pages = 4
+    assert tally.total_pages == 10 and tally.eta_seconds is not None
+
+    stream = io.StringIO()
+    terminal = TerminalProgress(stream)
+    terminal.page("Branches", 12, 12)
+    terminal.finish("Branches")
+    assert stream.getvalue().count("\n") == 1 and "Branches" in stream.getvalue()
+
+
+def test_run_options_are_validated_with_the_setting_named():
+    from connectors.clinical_records.errors import ConfigError
+    from pipelines.resources import SyncOptionsResource
+
+    options = SyncOptionsResource(backfill_from="2026-10-01", lookback_minutes=15).options()
+    assert options.backfill and options.lookback == timedelta(minutes=15)
+    with pytest.raises(ConfigError, match="backfill_from"):
+        SyncOptionsResource(backfill_from="YYYY-MM-DD").options()
+    with pytest.raises(ConfigError, match="backfill_from"):
+        SyncOptionsResource(backfill_to="2026-10-01").options()
+    with pytest.raises(ConfigError, match="backfill_to"):
+        SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()
