@@ -38,6 +38,8 @@ except ImportError:  # pragma: no cover
     decode = json.loads
     DECODER = "json"
 
+DECODERS = {"orjson": decode, "json": json.loads}  # the connector's transport uses json
+
 GIB = 1024**3
 
 
@@ -117,6 +119,13 @@ def byte_ranges(path: Path, pages_per_batch: int) -> Iterator[tuple[int, int]]:
         yield offset, size
 
 
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its finished children (the extract workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def peak_rss() -> int:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -126,7 +135,9 @@ def peak_rss() -> int:
 # -- our pipeline -----------------------------------------------------------------------
 
 
-def extract_batch(pages: str, span: tuple[int, int], lake_root: str, run_id: str) -> str:
+def extract_batch(
+    pages: str, span: tuple[int, int], lake_root: str, run_id: str, decoder: str = DECODER
+) -> str:
     """Decode + normalise + write one Parquet batch (what an extraction step does)."""
     from warehouse.lake import Lake
     from warehouse.normalise import normalise
@@ -134,7 +145,8 @@ def extract_batch(pages: str, span: tuple[int, int], lake_root: str, run_id: str
     with open(pages, "rb") as src:
         src.seek(span[0])
         lines = src.read(span[1]).splitlines()
-    records = [r for line in lines for r in decode(line)["value"]]
+    loads = DECODERS[decoder]
+    records = [r for line in lines for r in loads(line)["value"]]
     batch = normalise(APPOINTMENTS, records)
     path = Lake(lake_root).write(
         APPOINTMENTS,
@@ -146,22 +158,24 @@ def extract_batch(pages: str, span: tuple[int, int], lake_root: str, run_id: str
     return str(path)
 
 
-def run_ours(work: Path, workers: int, pages_per_batch: int) -> dict[str, dict[str, float]]:
+def run_ours(
+    work: Path, workers: int, pages_per_batch: int, decoder: str = DECODER
+) -> dict[str, dict[str, float]]:
     from warehouse.load import Warehouse
 
     lake, out = work / "lake", {}
     shutil.rmtree(lake, ignore_errors=True)
     (work / "ours.duckdb").unlink(missing_ok=True)
     for case, pages in (("initial", work / "initial.jsonl"), ("merge", work / "changed.jsonl")):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         spans = list(byte_ranges(pages, pages_per_batch))
         with ProcessPoolExecutor(workers) as pool:
             futures = [
-                pool.submit(extract_batch, str(pages), span, str(lake), f"bench-{case}")
+                pool.submit(extract_batch, str(pages), span, str(lake), f"bench-{case}", decoder)
                 for span in spans
             ]
             paths = [f.result() for f in futures]
-        extracted = time.perf_counter()
+        extracted, cpu_extracted = time.perf_counter(), cpu_seconds()
         with Warehouse(work / "ours.duckdb") as wh:
             wh.con.execute("SET memory_limit = '700MB'")
             wh.ensure_schema()
@@ -171,6 +185,8 @@ def run_ours(work: Path, workers: int, pages_per_batch: int) -> dict[str, dict[s
             "seconds": seconds,
             "extract_seconds": extracted - started,
             "load_seconds": seconds - (extracted - started),
+            "extract_cpu_seconds": cpu_extracted - cpu_started,
+            "load_cpu_seconds": cpu_seconds() - cpu_extracted,
             "records": result.fetched,
             "inserted": result.inserted,
             "updated": result.updated,
@@ -183,14 +199,16 @@ def run_ours(work: Path, workers: int, pages_per_batch: int) -> dict[str, dict[s
 # -- dlt --------------------------------------------------------------------------------
 
 
-def run_dlt(work: Path, records: int) -> dict[str, dict[str, float]]:
+def run_dlt(work: Path, records: int, decoder: str = DECODER) -> dict[str, dict[str, float]]:
     import dlt
+
+    loads = DECODERS[decoder]
 
     @dlt.resource(name="appointments", write_disposition="merge", primary_key="id")
     def appointments(pages: Path) -> Iterator[list[dict[str, object]]]:
         with pages.open("rb") as src:
             for _, line in zip(range(-(-records // PAGE_SIZE)), src, strict=False):
-                yield decode(line)["value"]
+                yield loads(line)["value"]
 
     shutil.rmtree(work / "dlt", ignore_errors=True)
     pipeline = dlt.pipeline(
@@ -215,9 +233,9 @@ def run_dlt(work: Path, records: int) -> dict[str, dict[str, float]]:
 
 def child(engine: str, work: Path, args: argparse.Namespace) -> None:
     if engine == "ours":
-        figures = run_ours(work, args.workers, args.pages_per_batch)
+        figures = run_ours(work, args.workers, args.pages_per_batch, args.decoder)
     else:
-        figures = run_dlt(work, args.dlt_records)
+        figures = run_dlt(work, args.dlt_records, args.decoder)
     print(json.dumps(figures))
 
 
@@ -235,6 +253,8 @@ def in_child(engine: str, work: Path, args: argparse.Namespace) -> dict[str, dic
         str(args.pages_per_batch),
         "--dlt-records",
         str(args.dlt_records),
+        "--decoder",
+        args.decoder,
     ]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -252,6 +272,12 @@ def main() -> None:
         default=100_000,
         help="records dlt loads (the first pages); ~1,000 rec/s here, so 1M takes half an hour",
     )
+    parser.add_argument(
+        "--decoder",
+        choices=sorted(DECODERS),
+        default=DECODER,
+        help="JSON decoder for the pages (the connector's transport uses json)",
+    )
     parser.add_argument("--child", choices=["ours", "dlt"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,12 +292,12 @@ def main() -> None:
         write_pages(work / "changed.jsonl", args.records, 10)
         print(
             f"{args.records:,} appointment records in {args.records // PAGE_SIZE:,} pages "
-            f"(generated in {time.perf_counter() - started:.1f} s; decoder {DECODER})"
+            f"(generated in {time.perf_counter() - started:.1f} s; decoder {args.decoder})"
         )
         engines = {"ours": in_child("ours", work, args)}
         if not args.skip_dlt:
             engines["dlt"] = in_child("dlt", work, args)
-        figures: dict[str, object] = {"records": args.records, "decoder": DECODER}
+        figures: dict[str, object] = {"records": args.records, "decoder": args.decoder}
         for case in ("initial", "merge"):
             for engine, results in engines.items():
                 r = results[case]
@@ -280,8 +306,12 @@ def main() -> None:
                 figures[f"{engine}_{case}_peak_rss_mib"] = round(r["peak_rss"] / 2**20)
                 extra = ""
                 if engine == "ours":
+                    cpu = r["extract_cpu_seconds"] + r["load_cpu_seconds"]
+                    figures[f"ours_{case}_cpu_seconds"] = round(cpu, 1)
                     extra = (
                         f" (extract {r['extract_seconds']:.1f} s, load {r['load_seconds']:.1f} s;"
+                        f" CPU extract {r['extract_cpu_seconds']:.1f} s, load"
+                        f" {r['load_cpu_seconds']:.1f} s;"
                         f" inserted {r['inserted']:,}, updated {r['updated']:,},"
                         f" unchanged {r['unchanged']:,})"
                     )

@@ -23,6 +23,13 @@ SCHEMAS: dict[str, str] = {
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
 Columns = dict[str, tuple[str, str]]
 OPS_TABLES: dict[str, tuple[str, Columns]] = {
+    "schema_version": (
+        "The DDL last applied, so a load skips re-applying an unchanged schema",
+        {
+            "fingerprint": ("VARCHAR", "SHA-256 of every DDL statement, in order"),
+            "applied_at": ("TIMESTAMPTZ", "When that DDL was applied"),
+        },
+    ),
     "sync_state": (
         "Per entity set: the watermark, written in the same transaction as the rows it covers",
         {

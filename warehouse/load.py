@@ -8,6 +8,7 @@ the batch ledger and the watermark, all committed together or not at all.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -141,10 +142,26 @@ class Warehouse:
     # -- schema and models -------------------------------------------------------------
 
     def ensure_schema(self) -> None:
-        """Create (or extend) every schema, table and comment; safe to run on every start."""
+        """Create (or extend) every schema, table and comment; safe to run on every start.
+
+        Skipped when the DDL's fingerprint is the one last applied: every load step calls
+        this, and re-running a few hundred statements cost half a second each time."""
+        statements = list(ddl.statements(self.entities.values()))
+        fingerprint = hashlib.sha256("\n".join(statements).encode()).hexdigest()
+        if self._applied_schema() == fingerprint:
+            return
         with self._transaction():
-            for statement in ddl.statements(self.entities.values()):
+            for statement in statements:
                 self.con.execute(statement)
+            self.con.execute('DELETE FROM "ops"."schema_version"')
+            self.con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
+
+    def _applied_schema(self) -> str | None:
+        try:
+            row = self.con.execute('SELECT "fingerprint" FROM "ops"."schema_version"').fetchone()
+        except duckdb.CatalogException:
+            return None
+        return row[0] if row else None
 
     def refresh_models(self) -> list[str]:
         """Create or replace the analytics views from `warehouse/sql/*.sql`, in name order."""
@@ -164,7 +181,7 @@ class Warehouse:
             raise SourceMismatch(
                 f"warehouse {self.path} was built from another source (customer "
                 f"{row[1]!r} at {row[0]}), not customer {customer!r} at {base_url}; use another "
-                "WAREHOUSE_PATH, or force to adopt the new source"
+                "WAREHOUSE_PATH, or sync --force to adopt the new source"
             )
         if row != (base_url, customer):
             with self._transaction():
@@ -304,6 +321,11 @@ class _Transaction:
 # Rows staged at once; larger loads run as several merges inside the same transaction.
 CHUNK_ROWS = 200_000
 
+# The content hash: DuckDB's 64-bit hash of every field and the extras, as 16 hex digits.
+# It only has to tell one key's versions apart, and it is many times cheaper than md5 over
+# JSON text. (Changing this expression makes every row look changed once.)
+CONTENT_HASH = "printf('%016x', hash({content}))"
+
 # The plan's actions, as the classification query names them.
 INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
 
@@ -333,12 +355,11 @@ class _Merge:
         )
         actions: Counter[str] = Counter()
         for chunk in _chunks(self.paths, self.infos, chunk_rows):
-            self._stage(chunk)
-            actions.update(self._plan())
-            self._apply()
+            planned = self._stage(chunk)
+            actions.update(planned)
+            self._apply(planned)
             self.con.execute(f'INSERT INTO "_seen" SELECT {self.key} FROM "_stage"')
-            for name in ("_plan", "_stage"):
-                self.con.execute(f"DROP TABLE {quote(name)}")
+            self.con.execute('DROP TABLE "_stage"')
         deleted = self._mark_deleted() if snapshot else 0
         rejected = self._rejects(new)
         self._ledger()
@@ -386,16 +407,41 @@ class _Merge:
         self.con.register("_batches", table)
         return table.column("new").to_pylist()
 
-    def _stage(self, paths: Sequence[Path]) -> None:
-        """`_stage`: the newest version per key across the batches, with its content hash."""
+    def _has_duplicate_keys(self, files: list[str]) -> bool:
+        """Whether a key occurs twice in these batches (reads the key column only)."""
+        (duplicated,) = self.con.execute(
+            f"""SELECT count(*) <> count(DISTINCT {self.key})
+                FROM read_parquet(?, hive_partitioning = false)""",
+            [files],
+        ).fetchone()
+        return bool(duplicated)
+
+    def _stage(self, paths: Sequence[Path]) -> dict[str, int]:
+        """`_stage`: the newest version per key across the batches, its content hash and
+        what happens to it (`_action`); returns how many keys get each action.
+
+        One statement reads the Parquet files, hashes and classifies; the newest-per-key
+        window runs only when some key occurs twice.
+        """
+        files = [str(p) for p in paths]
         present = _columns_in(paths)
         select = ", ".join(
             f"s.{quote(name)}" if name in present else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
         )
         extras = f"s.{quote(EXTRAS)}" if EXTRAS in present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
-        content = ", ".join(f"{quote(n)} := {quote(n)}" for n in [*self.fields, EXTRAS])
+        content = column_list([*self.fields, EXTRAS])
         cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
+        newest = (
+            f"""QUALIFY row_number() OVER (
+                    PARTITION BY {self.key}
+                    ORDER BY {cursor} DESC NULLS LAST, "_extracted_at" DESC, "_order" DESC,
+                             "_row" DESC
+                ) = 1"""
+            if self._has_duplicate_keys(files)
+            else ""
+        )
+        current = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_stage" AS
@@ -403,71 +449,68 @@ class _Merge:
                 SELECT {select}, {extras}, b."extracted_at" AS "_extracted_at",
                        b."batch_run_id" AS "_run_id", b."batch_order" AS "_order",
                        s."file_row_number" AS "_row"
-                FROM read_parquet(?, union_by_name = true, filename = true, hive_partitioning = false,
-                                  file_row_number = true) AS s
+                FROM read_parquet(?, filename = true, hive_partitioning = false,
+                                  file_row_number = true, union_by_name = true) AS s
                 JOIN "_batches" AS b ON s."filename" = b."file"
+            ), "newest" AS (
+                SELECT * EXCLUDE ("_order", "_row"),
+                       {CONTENT_HASH.format(content=content)} AS "_content_hash",
+                       {cursor} AS "_cursor"
+                FROM "rows" {newest}
             )
-            SELECT * EXCLUDE ("_order", "_row"),
-                   md5(to_json(struct_pack({content}))) AS "_content_hash",
-                   {cursor} AS "_cursor"
-            FROM "rows"
-            QUALIFY row_number() OVER (
-                PARTITION BY {self.key}
-                ORDER BY {cursor} DESC NULLS LAST, "_extracted_at" DESC, "_order" DESC,
-                         "_row" DESC
-            ) = 1
-            """,
-            [[str(p) for p in paths]],
-        )
-
-    def _plan(self) -> dict[str, int]:
-        """`_plan`: per staged key, what happens to it."""
-        cursor = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
-        self.con.execute(
-            f"""
-            CREATE TEMP TABLE "_plan" AS
-            SELECT s.{self.key} AS "k",
+            SELECT s.*,
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
-                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {cursor} IS NOT NULL
-                                    AND s."_cursor" <> {cursor}
-                               THEN s."_cursor" > {cursor}
+                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
+                                    AND s."_cursor" <> {current}
+                               THEN s."_cursor" > {current}
                                ELSE s."_extracted_at" >= c."_extracted_at" END)
                      THEN '{STALE}'
                 WHEN c."_deleted_at" IS NOT NULL THEN '{RESURRECT}'
                 WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
                 ELSE '{SAME}'
-              END AS "action"
-            FROM "_stage" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}
-            """
+              END AS "_action"
+            FROM "newest" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}
+            """,
+            [files],
         )
-        rows = self.con.execute('SELECT "action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
+        rows = self.con.execute('SELECT "_action", count(*) FROM "_stage" GROUP BY ALL').fetchall()
         return dict(rows)
 
-    def _apply(self) -> None:
+    def _apply(self, planned: Mapping[str, int]) -> None:
+        """Apply the staged actions; a statement with nothing to do is not run."""
         cols = [*self.fields, EXTRAS, "_content_hash"]
-        changed = f"""FROM "_stage" AS s JOIN "_plan" AS p ON p."k" = s.{self.key}
-                      WHERE p."action" IN ('{INSERT}', '{UPDATE}', '{RESURRECT}')"""
-        self.con.execute(
-            f"""UPDATE {self.history} AS h SET "_valid_to" = s."_extracted_at"
-                FROM "_stage" AS s JOIN "_plan" AS p ON p."k" = s.{self.key}
-                WHERE h.{self.key} = s.{self.key} AND h."_valid_to" IS NULL
-                  AND p."action" = '{UPDATE}'"""
-        )
+        changed = [a for a in (INSERT, UPDATE, RESURRECT) if planned.get(a)]
+        replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
+        if planned.get(UPDATE):
+            self.con.execute(
+                f"""UPDATE {self.history} AS h SET "_valid_to" = s."_extracted_at"
+                    FROM "_stage" AS s
+                    WHERE h.{self.key} = s.{self.key} AND h."_valid_to" IS NULL
+                      AND s."_action" = ?""",
+                [UPDATE],
+            )
+        if not changed:
+            return
         self.con.execute(
             f"""INSERT INTO {self.history} ({column_list(cols)}, "_valid_from", "_valid_to",
                                             "_run_id")
-                SELECT {column_list(cols, "s.")}, s."_extracted_at", NULL, s."_run_id" {changed}"""
+                SELECT {column_list(cols)}, "_extracted_at", NULL, "_run_id" FROM "_stage"
+                WHERE "_action" IN (SELECT unnest(?))""",
+            [changed],
         )
-        self.con.execute(
-            f"""DELETE FROM {self.clinical} WHERE {self.key} IN
-                (SELECT "k" FROM "_plan" WHERE "action" IN ('{UPDATE}', '{RESURRECT}'))"""
-        )
+        if replaced:
+            self.con.execute(
+                f"""DELETE FROM {self.clinical} WHERE {self.key} IN
+                    (SELECT {self.key} FROM "_stage" WHERE "_action" IN (SELECT unnest(?)))""",
+                [replaced],
+            )
         self.con.execute(
             f"""INSERT INTO {self.clinical} ({column_list(cols)}, "_extracted_at", "_synced_at",
                                              "_run_id", "_deleted_at")
-                SELECT {column_list(cols, "s.")}, s."_extracted_at", now(), s."_run_id", NULL
-                {changed}"""
+                SELECT {column_list(cols)}, "_extracted_at", now(), "_run_id", NULL
+                FROM "_stage" WHERE "_action" IN (SELECT unnest(?))""",
+            [changed],
         )
 
     def _mark_deleted(self) -> int:

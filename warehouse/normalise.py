@@ -104,6 +104,7 @@ DATETIME_RE = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
     r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)?$"
 )
+PLAIN_DATETIME_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
 OFFSET_RE = r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$"
 TIME_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
 
@@ -174,27 +175,48 @@ def to_boolean(arr: pa.Array, fld: Field) -> Converted:
     return Converted(arr if arr.type == pa.bool_() else pc.cast(arr, pa.bool_()))
 
 
+def _cast_whole(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """The whole column cast at once, or None when some value does not parse."""
+    try:
+        return pc.cast(arr, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def to_date(arr: pa.Array, fld: Field) -> Converted:
     shape = _failing(arr, DATE_RE)
     text = _null_where(arr, shape)
+    shape_error = (_mask(shape), "not a date YYYY-MM-DD")
+    # Arrow's own date parser refuses 2026-02-30 and month 13, so when it reads the whole
+    # column every date is a calendar date: the costly round trip below is for the rest.
+    values = _cast_whole(text, pa.date32())
+    if values is not None:
+        return Converted(values, [shape_error])
     parsed = pc.strptime(text, "%Y-%m-%d", "s", error_is_null=True)
     # strptime rolls 2026-02-30 over to March: a round trip finds impossible dates.
     # A value strptime cannot read at all (month 13) is null there: also impossible.
     round_trips = pc.fill_null(pc.equal(pc.strftime(parsed, "%Y-%m-%d"), text), False)
     impossible = pc.and_(text.is_valid(), pc.invert(round_trips))
     values = pc.cast(_null_where(parsed, impossible), pa.date32())
-    return Converted(
-        values,
-        [(_mask(shape), "not a date YYYY-MM-DD"), (_mask(impossible), "not a calendar date")],
-    )
+    return Converted(values, [shape_error, (_mask(impossible), "not a calendar date")])
+
+
+def _cut_fraction(text: pa.Array) -> pa.Array:
+    """Microseconds are the warehouse's precision; .NET-style 7-digit fractions are cut."""
+    return pc.replace_substring_regex(text, r"(\.[0-9]{6})[0-9]+", r"\1")
 
 
 def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
     target = ARROW_BY_CANONICAL[Canonical.TIMESTAMPTZ]
+    # The common shape (seconds, at most microseconds, Z or +HH:MM) needs no rewriting:
+    # one pattern and one cast, unless some value differs or does not parse.
+    if not pc.any(_failing(arr, PLAIN_DATETIME_RE)).as_py():
+        values = _cast_whole(arr, target)
+        if values is not None:
+            return Converted(values)
     shape = _failing(arr, DATETIME_RE)
     text = _null_where(arr, shape)
-    # Microseconds are the warehouse's precision; .NET-style 7-digit fractions are cut.
-    text = pc.replace_substring_regex(text, r"(\.[0-9]{6})[0-9]+", r"\1")
+    text = _cut_fraction(text)
     # A date-time without an offset is taken as UTC (the spec promises an offset or Z).
     has_offset = pc.match_substring_regex(text, OFFSET_RE)
     text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))

@@ -44,7 +44,10 @@ EXTRAS_TYPE = pa.string()
 # Columns the warehouse adds to every clinical table, with their DuckDB types and meanings.
 CLINICAL_META: dict[str, tuple[str, str]] = {
     EXTRAS: ("JSON", "Members the catalogue does not know, kept as sent (JSON object)"),
-    "_content_hash": ("VARCHAR", "md5 of the record's content; a new version only when it changes"),
+    "_content_hash": (
+        "VARCHAR",
+        "64-bit hash of the record's content (16 hex digits); a new version only when it changes",
+    ),
     "_extracted_at": ("TIMESTAMPTZ", "When the batch holding this version was extracted"),
     "_synced_at": ("TIMESTAMPTZ", "When this version was loaded into the warehouse"),
     "_run_id": ("VARCHAR", "Run that extracted this version"),
