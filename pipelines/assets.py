@@ -131,7 +131,9 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
         todo = plan(entity, state, sync_options.options())
         context.log.info(f"{entity.name}: {todo.mode.value} ({todo.reason})")
         the_lake = lake.lake()
-        the_lake.record_source(settings.base_url, settings.customer)
+        the_lake.record_source(
+            settings.base_url, settings.customer, force=sync_options.force_source
+        )
         with ClinicalClient(settings, logger=context.log) as client:
             result = extract(
                 todo,
@@ -189,7 +191,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
         settings = clinical_api.settings()
         with Warehouse(warehouse.path, wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
-            wh.check_source(settings.base_url, settings.customer)
+            wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
             if extraction.mode != "skip":
                 result = wh.load(

@@ -90,6 +90,11 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         help="re-read the cursor sets from this date; the nightly watermark stays",
     )
     p.add_argument("--backfill-to", type=date.fromisoformat, metavar="YYYY-MM-DD")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="adopt a new service or customer for this warehouse and lake (never by default)",
+    )
     p.set_defaults(func=_lazy("pipelines.commands", "sync"))
 
 

@@ -26,14 +26,9 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
-    from dagster import DagsterInstance
-
-    from pipelines.recovery import process_tags, release_dead_runs
     from pipelines.runner import sync as run_sync
 
-    home.dagster_home()
-    with terminal_progress(), DagsterInstance.get() as instance:
-        release_dead_runs(instance)  # a killed sync's pool slots would block this run
+    with terminal_progress(), home.instance() as instance:
         report = run_sync(
             os.environ,
             lake_root=home.lake_root(),
@@ -42,9 +37,10 @@ def sync(args: argparse.Namespace) -> int:
             only=args.only or (),
             backfill_from=args.backfill_from,
             backfill_to=args.backfill_to,
+            force_source=args.force,
             instance=instance,
             log_level="WARNING",
-            tags={"clinical-sync/command": "sync", **process_tags()},
+            tags={"clinical-sync/command": "sync"},
         )
     print(report.table())
     print("\n".join(report.check_lines()))

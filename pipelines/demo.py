@@ -43,17 +43,15 @@ def _fresh(root: Path) -> tuple[Path, Path]:
 
 def demo(args: argparse.Namespace) -> int:
     import duckdb
-    from dagster import DagsterInstance
 
     from connectors.sandbox.config import SandboxConfig
     from connectors.sandbox.server import SandboxServer
     from pipelines.runner import sync
 
-    home.dagster_home()
     lake, warehouse = _fresh(Path(args.dir))
     config = SandboxConfig(seed=args.seed, scale=args.scale, rate=args.rate, burst=args.burst)
     _say(f"1. starting a sandbox (scale {args.scale:g}, {args.rate:g} requests/s) ...")
-    with SandboxServer(config) as server, DagsterInstance.get() as instance:
+    with SandboxServer(config) as server, home.instance() as instance:
         env = {**server.env(), "CLINICAL_LIMITER_PATH": str(Path(args.dir) / "ratelimit.sqlite")}
         counts = server.store.counts()
         _say("   source: " + ", ".join(f"{n} {c:,}" for n, c in counts.items()))

@@ -6,9 +6,16 @@ overrides them. DAGSTER_HOME gets the repository's `dagster.yaml` on first use.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
 
 from pipelines.resources import DEFAULT_LAKE_ROOT, DEFAULT_WAREHOUSE_PATH
 
@@ -38,6 +45,26 @@ def dagster_home() -> Path:
     default_home = home == Path(DEFAULT_DAGSTER_HOME).resolve()
     current = target.read_text(encoding="utf-8") if target.exists() else None
     if ours is not None and current != ours and (current is None or default_home):
-        shutil.copyfile(INSTANCE_YAML, target)
+        partial = home / f".dagster.yaml.{os.getpid()}"
+        shutil.copyfile(INSTANCE_YAML, partial)
+        os.replace(partial, target)  # a concurrent command never reads half a file
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+@contextmanager
+def instance() -> Iterator[DagsterInstance]:
+    """The Dagster instance of DAGSTER_HOME, its storage created under a file lock: two
+    commands started at once on a new home would otherwise both create the SQLite schema."""
+    from dagster import DagsterInstance
+
+    home = dagster_home()
+    with (home / ".instance.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            opened = DagsterInstance.get()
+            opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    with opened:
+        yield opened

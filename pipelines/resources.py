@@ -105,6 +105,10 @@ class SyncOptionsResource(ConfigurableResource):
     snapshot_every_days: float = ConfigField(
         default=7.0, description="Cadence of the full snapshot of Patients, Prescriptions, ..."
     )
+    force_source: bool = ConfigField(
+        default=False,
+        description="Adopt a new service or customer for this warehouse and lake (sync --force)",
+    )
     backfill_from: str | None = ConfigField(
         default=None, description="Re-sync cursor rows from this date (YYYY-MM-DD), inclusive"
     )

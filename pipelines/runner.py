@@ -170,12 +170,13 @@ def sync(
     only: Sequence[str] = (),
     backfill_from: date | None = None,
     backfill_to: date | None = None,
+    force_source: bool = False,
     instance: DagsterInstance | None = None,
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did."""
-    options: dict[str, object] = {"full": full}
+    options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:

@@ -192,7 +192,8 @@ class Lake:
         if known is not None and not force:
             raise SourceMismatch(
                 f"lake {self.root} holds data of customer {known['customer']!r} at "
-                f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT"
+                f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT, "
+                "or sync --force to adopt the new source"
             )
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"

@@ -19,6 +19,8 @@ from connectors.clinical_records.errors import (
     AuthenticationError,
     MalformedResponse,
     RetryExhausted,
+    UntrustedCertificate,
+    untrusted_certificate,
 )
 from connectors.clinical_records.settings import Settings
 
@@ -74,6 +76,8 @@ class TokenProvider:
             try:
                 response = self._http.post(f"{s.auth_url}/oauth2/token", data=form)
             except RETRIABLE_TOKEN_ERRORS as error:
+                if untrusted_certificate(error):
+                    raise UntrustedCertificate("token service") from None
                 log.warning("POST token failed attempt=%d error=%s", attempt, type(error).__name__)
                 time.sleep(min(2.0, 0.2 * 2**attempt))
                 continue

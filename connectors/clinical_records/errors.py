@@ -6,6 +6,7 @@ set, the page and the service's own error code, message and details.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 
@@ -76,6 +77,26 @@ class AuthenticationError(ClinicalApiError):
     def __init__(self, code: str, hint: str) -> None:
         super().__init__(f"token request refused ({code}): {hint}")
         self.code = code
+
+
+class UntrustedCertificate(ClinicalApiError):
+    """The server's TLS certificate does not verify: retrying cannot help, a CA file can."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"the TLS certificate of the {what} is not trusted; if it is signed by a private "
+            "CA, set CLINICAL_CA_BUNDLE to that CA's PEM file"
+        )
+
+
+def untrusted_certificate(error: BaseException) -> bool:
+    """True when an httpx error was caused by certificate verification (not a flaky link)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class RetryExhausted(ClinicalApiError):

@@ -34,8 +34,10 @@ from connectors.clinical_records.errors import (
     ApiError,
     MalformedResponse,
     RetryExhausted,
+    UntrustedCertificate,
     api_error,
     is_retriable_status,
+    untrusted_certificate,
 )
 from connectors.clinical_records.ratelimit import RequestLimiter
 from connectors.clinical_records.settings import Settings
@@ -316,6 +318,8 @@ class Transport:
             except _Retry as retry:
                 reason, wait = retry.reason, retry.wait
             except RETRIABLE_TRANSPORT as error:
+                if untrusted_certificate(error):
+                    raise UntrustedCertificate("API server") from None
                 reason, wait = type(error).__name__, None
                 if status == "-":  # failed before a status line, so not logged yet
                     self._log(call, reason, started, attempt)

@@ -1,0 +1,337 @@
+"""The reliability suite's harness: a sandbox and a target under tmp_path, the real
+`clinical-sync` command as a subprocess, the comparison with the ground truth, and the soak
+ledger printed at the end of the session.
+
+Size: CI runs each case small; `make soak` sets CLINICAL_SOAK=1 and every case grows 10x.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, Strategy
+from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.server import SandboxServer
+from pipelines.runner import SyncReport
+from pipelines.runner import sync as run_sync
+from warehouse.ident import column_list, qualified, quote
+from warehouse.lake import Lake
+from warehouse.normalise import normalise
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def soak_factor() -> int:
+    """10 under `make soak` (CLINICAL_SOAK set to anything but 0/empty), else 1."""
+    flag = os.environ.get("CLINICAL_SOAK", "").strip()
+    return 10 if flag and flag != "0" else 1
+
+
+SIZE = soak_factor()
+BASE_SCALE = 0.04  # about 900 records over the eight sets at CI size
+SYNC_TIMEOUT = 150 * SIZE
+
+
+# -- the soak ledger -----------------------------------------------------------------------
+
+
+@dataclass
+class Ledger:
+    """Figures the suite collects across cases; printed as one table at the end."""
+
+    faults: Counter[str] = field(default_factory=Counter)
+    crashes_survived: int = 0
+    bad_rows_rejected: int = 0
+    records_compared: int = 0
+    mismatches: int = 0
+    secrets_found: int = 0
+    cases: int = 0
+
+    def add_faults(self, stats: Mapping[str, int]) -> None:
+        """The sandbox's `injected_*` counters and the 429s it sent."""
+        for name, value in stats.items():
+            if name.startswith("injected_") and name != "injected_error":  # = http_5xx
+                self.faults[name.removeprefix("injected_")] += int(value)
+        self.faults["429_rate_limit"] += int(stats.get("throttled", 0))
+
+    def rows(self) -> list[tuple[str, str]]:
+        kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(self.faults.items()) if v) or "none"
+        return [
+            ("size factor", f"{SIZE}x"),
+            ("cases run", f"{self.cases}"),
+            ("faults injected", f"{sum(self.faults.values()):,} ({kinds})"),
+            ("crashes survived (SIGKILL)", f"{self.crashes_survived}"),
+            ("bad rows rejected", f"{self.bad_rows_rejected}"),
+            ("records compared", f"{self.records_compared:,}"),
+            ("mismatches (must be 0)", f"{self.mismatches}"),
+            ("secrets found (must be 0)", f"{self.secrets_found}"),
+        ]
+
+
+LEDGER = Ledger()
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    LEDGER.cases += 1
+    return LEDGER
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Soak cases run 10x longer than pyproject's per-test timeout allows; give them room."""
+    if SIZE == 1:
+        return
+    for item in items:
+        if item.get_closest_marker("reliability") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(300 * SIZE))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not LEDGER.cases:
+        return
+    rows = LEDGER.rows()
+    width = max(len(name) for name, _ in rows)
+    terminalreporter.section("reliability summary")
+    for name, value in rows:
+        terminalreporter.write_line(f"{name.ljust(width)}  {value}")
+
+
+# -- a sandbox and a target ------------------------------------------------------------------
+
+
+def sandbox_config(seed: int, scale: float = BASE_SCALE, **values: object) -> SandboxConfig:
+    return SandboxConfig(seed=seed, scale=scale * SIZE, **values)  # type: ignore[arg-type]
+
+
+def control(server: SandboxServer, action: str, body: dict | None = None) -> dict:
+    """A sandbox test control (`{origin}/_sandbox/<action>`), over HTTP like any client."""
+    url = f"{server.origin}/_sandbox/{action}"
+    headers = {"x-api-key": server.config.api_key}
+    if body is None:
+        response = httpx.get(url, headers=headers, timeout=60)
+    else:
+        response = httpx.post(url, headers=headers, json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+@dataclass
+class Target:
+    """A lake, a warehouse, a Dagster home and a limiter file for one sandbox, under `root`."""
+
+    server: SandboxServer
+    root: Path
+    rate: str = "1000"
+    burst: str = "200"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def warehouse(self) -> Path:
+        return self.root / "warehouse.duckdb"
+
+    @property
+    def lake(self) -> Path:
+        return self.root / "lake"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster"
+
+    def env(self) -> dict[str, str]:
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("CLINICAL_")}
+        return {
+            **inherited,
+            **self.server.env(),
+            "CLINICAL_RATE_LIMIT": self.rate,
+            "CLINICAL_BURST": self.burst,
+            "CLINICAL_LIMITER_PATH": str(self.root / "ratelimit.sqlite"),
+            "CLINICAL_READ_TIMEOUT": "20",
+            "WAREHOUSE_PATH": str(self.warehouse),
+            "LAKE_ROOT": str(self.lake),
+            "DAGSTER_HOME": str(self.dagster_home),
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "pipelines.cli", *args]
+
+    def start(self, *args: str, log: Path | None = None) -> subprocess.Popen:
+        """`clinical-sync <args>` in a child process (stdout and stderr to `log`)."""
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 (closed by caller)
+        return subprocess.Popen(
+            self.command(*args),
+            env=self.env(),
+            cwd=self.root,
+            stdout=out,
+            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        )
+
+    def run(self, *args: str, timeout: float = SYNC_TIMEOUT) -> subprocess.CompletedProcess:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(
+            self.command(*args),
+            env=self.env(),
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def sync(self, *args: str, timeout: float = SYNC_TIMEOUT) -> subprocess.CompletedProcess:
+        """`clinical-sync sync <args>`, which must succeed within `timeout` seconds."""
+        try:
+            done = self.run("sync", *args, timeout=timeout)
+        except subprocess.TimeoutExpired as stuck:
+            pytest.fail(f"sync {args} still running after {timeout} s:\n{stuck.stderr!r}")
+        assert done.returncode == 0, f"sync {args} failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def sync_in_process(self, **options: object) -> SyncReport:
+        """The same run as `clinical-sync sync` (pipelines.runner), in this process with an
+        ephemeral Dagster instance: the cases that need no process of their own save the
+        interpreter start and the instance storage."""
+        env = {k: v for k, v in self.env().items() if k.startswith("CLINICAL_")}
+        report = run_sync(
+            env,
+            lake_root=str(self.lake),
+            warehouse_path=str(self.warehouse),
+            log_level="WARNING",
+            **options,  # type: ignore[arg-type]
+        )
+        assert report.success, f"sync {options} failed: {report.failure}"
+        return report
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> list[tuple]:
+        with duckdb.connect(str(self.warehouse), read_only=True) as con:
+            con.execute("SET TimeZone = 'UTC'")
+            return con.execute(sql, list(params)).fetchall()
+
+
+# -- the comparison with the ground truth -----------------------------------------------------
+
+
+def truth(server: SandboxServer) -> dict[str, list[dict]]:
+    with server.store.lock:
+        return server.store.ground_truth()
+
+
+def canonical(entity: EntitySet, records: list[dict]) -> dict[object, dict]:
+    """Source records through the warehouse's own normaliser: canonical values by key."""
+    names = [f.name for f in entity.fields]
+    rows = normalise(entity, records).table.select(names).to_pylist()
+    return {r[entity.key]: r for r in rows}
+
+
+def live(target: Target, entity: EntitySet) -> dict[object, dict]:
+    with duckdb.connect(str(target.warehouse), read_only=True) as con:
+        con.execute("SET TimeZone = 'UTC'")
+        table = con.sql(
+            f"SELECT {column_list(f.name for f in entity.fields)} "
+            f'FROM {qualified("clinical", entity.table)} WHERE "_deleted_at" IS NULL'
+        ).to_arrow_table()
+    return {r[entity.key]: r for r in table.to_pylist()}
+
+
+def duplicates(target: Target, entity: EntitySet) -> int:
+    """Keys held more than once in a clinical table (live or soft-deleted)."""
+    ((count,),) = target.query(
+        f"SELECT count(*) - count(DISTINCT {quote(entity.key)}) "
+        f"FROM {qualified('clinical', entity.table)}"
+    )
+    return int(count)
+
+
+@dataclass
+class Comparison:
+    """What one comparison found, entity set by entity set."""
+
+    compared: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, entity: EntitySet, kind: str, keys: Sequence[object]) -> None:
+        if keys:
+            shown = ", ".join(repr(k) for k in list(keys)[:3])
+            self.problems.append(f"{entity.name}: {len(keys)} {kind} (e.g. {shown})")
+
+    def record(self, ledger: Ledger) -> None:
+        ledger.records_compared += self.compared
+        ledger.mismatches += len(self.problems)
+
+    def __bool__(self) -> bool:
+        return not self.problems
+
+
+# What a run promises about an entity set, by the strategy it synced with (DESIGN.md).
+PROMISES: dict[Strategy, frozenset[str]] = {
+    Strategy.SNAPSHOT: frozenset({"missing", "extra", "values"}),
+    Strategy.CURSOR: frozenset({"missing", "values"}),
+    Strategy.CREATED: frozenset({"missing"}),
+    Strategy.PERIODIC_SNAPSHOT: frozenset(),
+}
+
+
+def compare(
+    target: Target,
+    source: Mapping[str, list[dict]] | None = None,
+    *,
+    entities: Sequence[EntitySet] = ENTITY_SETS,
+    exact: bool = True,
+) -> Comparison:
+    """The warehouse's live rows against the truth: missing, extra, differing, duplicated.
+
+    `exact=False` checks what an incremental run promises by strategy: snapshot sets equal,
+    cursor sets hold every current record (a hard delete waits for a snapshot), created-only
+    sets hold every new key (an update waits for the periodic snapshot).
+    """
+    source = source if source is not None else truth(target.server)
+    found = Comparison()
+    for entity in entities:
+        want = canonical(entity, source[entity.name])
+        have = live(target, entity)
+        found.compared += len(want)
+        found.add(entity, "duplicated keys", ["*"] * duplicates(target, entity))
+        promised = PROMISES[Strategy.SNAPSHOT if exact else entity.strategy]
+        if "missing" in promised:
+            found.add(entity, "missing", sorted(want.keys() - have.keys(), key=str))
+        if "extra" in promised:
+            found.add(entity, "extra (not deleted)", sorted(have.keys() - want.keys(), key=str))
+        if "values" in promised:
+            differing = [k for k in want if k in have and want[k] != have[k]]
+            found.add(entity, "differing", differing)
+    return found
+
+
+def assert_matches(comparison: Comparison, ledger: Ledger) -> None:
+    comparison.record(ledger)
+    assert comparison, "warehouse differs from the source:\n" + "\n".join(comparison.problems)
+
+
+def assert_lake_sound(target: Target) -> None:
+    """Every data file reads; no batch is loaded twice; nothing under `_tmp/` counts."""
+    lake = Lake(target.lake)
+    batch_ids = []
+    for ent in ENTITY_SETS:
+        for path in lake.files(ent):
+            table, info = lake.read(path)  # raises on a corrupt file
+            assert table.num_rows == info.rows, path
+            batch_ids.append(info.batch_id)
+    for path in (target.lake / "_rejects").rglob("*.parquet"):
+        pq.read_table(path)
+    assert len(batch_ids) == len(set(batch_ids))
+    loaded = target.query('SELECT "batch_id", "file" FROM "ops"."loaded_batches"')
+    assert len(loaded) == len({b for b, _ in loaded}), "a batch was loaded twice"
+    assert len(loaded) == len({f for _, f in loaded}), "a file was loaded twice"
+    assert {b for b, _ in loaded} <= set(batch_ids), "a loaded batch is not a lake file"
+    assert not any("_tmp" in f for _, f in loaded)
