@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +46,34 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def add_sandbox_options(
+    parser: argparse.ArgumentParser, *, scale: float, rate: float = 5.0, latency: float = 0.0
+) -> None:
+    """The options of a benchmark that runs one rate-limited sandbox."""
+    parser.add_argument("--scale", type=float, default=scale)
+    parser.add_argument("--rate", type=float, default=rate)
+    parser.add_argument("--burst", type=int, default=10)
+    parser.add_argument("--latency", type=float, default=latency)
+
+
+@contextmanager
+def limited_sandbox(args: argparse.Namespace) -> Iterator[tuple[dict[str, str], Path]]:
+    """A sandbox process at `args`' rate and latency, the client env configured at that same
+    limit with its own limiter file, and a temporary folder for the run."""
+    sandbox_args = ["--scale", str(args.scale), "--rate", str(args.rate)]
+    sandbox_args += ["--burst", str(args.burst), "--latency", str(args.latency)]
+    with sandbox_process(*sandbox_args) as env, tempfile.TemporaryDirectory() as tmp:
+        yield (
+            env
+            | {
+                "CLINICAL_LIMITER_PATH": str(Path(tmp) / "ratelimit.sqlite"),
+                "CLINICAL_RATE_LIMIT": str(args.rate),
+                "CLINICAL_BURST": str(args.burst),
+            },
+            Path(tmp),
+        )
 
 
 def machine() -> dict[str, object]:

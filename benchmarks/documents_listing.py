@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dagster import DagsterInstance
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_sandbox_options, limited_sandbox, record
 from connectors.clinical_records.settings import Settings
 from pipelines.documents import DocumentsReport, note_patient, sync_documents
 from pipelines.documents_plan import DocumentsOptions
@@ -45,20 +44,10 @@ def figures(report: DocumentsReport, rate: float) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=0.25)
-    parser.add_argument("--rate", type=float, default=5.0)
-    parser.add_argument("--burst", type=int, default=10)
-    parser.add_argument("--latency", type=float, default=0.2)
+    add_sandbox_options(parser, scale=0.25, latency=0.2)
     args = parser.parse_args()
-    sandbox_args = ["--scale", str(args.scale), "--rate", str(args.rate)]
-    sandbox_args += ["--burst", str(args.burst), "--latency", str(args.latency)]
-    with sandbox_process(*sandbox_args) as env, tempfile.TemporaryDirectory() as tmp:
-        env = env | {
-            "CLINICAL_LIMITER_PATH": str(Path(tmp) / "ratelimit.sqlite"),
-            "CLINICAL_RATE_LIMIT": str(args.rate),
-            "CLINICAL_BURST": str(args.burst),
-        }
-        lake, warehouse = Path(tmp) / "lake", Path(tmp) / "warehouse.duckdb"
+    with limited_sandbox(args) as (env, tmp):
+        lake, warehouse = tmp / "lake", tmp / "warehouse.duckdb"
         with DagsterInstance.ephemeral() as instance:
             sync(
                 env,

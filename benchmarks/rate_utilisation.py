@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_sandbox_options, limited_sandbox, record
 from connectors.clinical_records.catalogue import APPOINTMENTS
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.settings import Settings
@@ -29,20 +28,9 @@ from connectors.clinical_records.settings import Settings
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=2.5)
-    parser.add_argument("--rate", type=float, default=5.0)
-    parser.add_argument("--burst", type=int, default=10)
-    parser.add_argument("--latency", type=float, default=0.8)
+    add_sandbox_options(parser, scale=2.5, latency=0.8)
     args = parser.parse_args()
-    sandbox_args = ["--scale", str(args.scale), "--rate", str(args.rate)]
-    sandbox_args += ["--burst", str(args.burst), "--latency", str(args.latency)]
-    with sandbox_process(*sandbox_args) as env, tempfile.TemporaryDirectory() as tmp:
-        env = env | {
-            "CLINICAL_LIMITER_PATH": str(Path(tmp) / "ratelimit.sqlite"),
-            # the connector is configured at the sandbox's own limit
-            "CLINICAL_RATE_LIMIT": str(args.rate),
-            "CLINICAL_BURST": str(args.burst),
-        }
+    with limited_sandbox(args) as (env, _):
         settings = Settings.from_env(env, dotenv_path=None)
         started = time.monotonic()
         with ClinicalClient(settings) as client:
