@@ -34,6 +34,7 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
+from pipelines.run_failures import mark_failed_runs
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -113,6 +114,6 @@ defs = Definitions(
     asset_checks=[*build_reference_checks(), *FRESHNESS],
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],
-    sensors=[FRESHNESS_SENSOR],
+    sensors=[FRESHNESS_SENSOR, mark_failed_runs],
     resources=resources(),
 )

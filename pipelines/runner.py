@@ -27,6 +27,7 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
+from pipelines.run_failures import first_failure, mark_failed
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +218,6 @@ def sync(
     order = [e.name for e in ENTITY_SETS]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
     if not result.success:
-        report.failure = _failure(result)
+        report.failure = first_failure(result.all_events)
+        mark_failed(warehouse_path, result.run_id, report.failure)
     return report
-
-
-def _failure(result) -> str:
-    """The first step failure's message (the connector's errors carry no PHI)."""
-    for event in result.all_events:
-        if event.is_step_failure and event.step_failure_data.error is not None:
-            return f"{event.step_key}: {event.step_failure_data.error.message.strip()}"
-    return "the run failed"

@@ -56,6 +56,16 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
     assert status.returncode == 0, status.stderr
     assert "Claims" in status.stdout and "watermark" in status.stdout
 
+    wrong = {**operator_env, "CLINICAL_CLIENT_SECRET": "not-the-secret-7f3a"}
+    failed = run(["sync"], wrong, tmp_path)
+    assert failed.returncode != 0
+    with duckdb.connect(operator_env["WAREHOUSE_PATH"], read_only=True) as con:
+        runs = con.execute(
+            'SELECT "status", "message" FROM "ops"."sync_runs" ORDER BY "started_at"'
+        ).fetchall()
+    assert [status for status, _ in runs] == ["success", "failed"]
+    assert "invalid_client" in runs[-1][1] and "not-the-secret-7f3a" not in runs[-1][1]
+
 
 @pytest.mark.integration
 def test_config_errors_name_the_variable_and_exit_2(operator_env, tmp_path):

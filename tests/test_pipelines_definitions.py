@@ -69,6 +69,7 @@ def test_jobs_schedule_and_sensor_exist():
     assert schedule.job_name == "nightly_sync"
     assert schedule.execution_timezone == "UTC"
     assert defs.resolve_sensor_def("freshness_checks_sensor") is not None
+    assert defs.resolve_sensor_def("mark_failed_runs").default_status.value == "RUNNING"
 
 
 def test_checks_exist_for_every_table():

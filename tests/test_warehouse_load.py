@@ -265,3 +265,14 @@ def test_a_load_in_chunks_gives_the_same_tables_as_one_merge(tmp_path):
     ]
     assert (whole.soft_deleted, chunked.soft_deleted) == (0, 0)
     assert whole.inserted == chunked.inserted == 3
+
+
+def test_memory_is_capped_and_a_bad_cap_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("WAREHOUSE_MEMORY_LIMIT", "300MB")
+    with Warehouse(tmp_path / "wh.duckdb") as wh:
+        (limit,) = wh.con.execute("SELECT current_setting('memory_limit')").fetchone()
+    assert limit == "286.1 MiB"  # DuckDB reports 300 MB in MiB
+
+    monkeypatch.setenv("WAREHOUSE_MEMORY_LIMIT", "lots")
+    with pytest.raises(ValueError, match="WAREHOUSE_MEMORY_LIMIT: expected a size"):
+        Warehouse(tmp_path / "wh.duckdb").open()

@@ -9,6 +9,8 @@ the batch ledger and the watermark, all committed together or not at all.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
+from connectors.clinical_records.errors import ConfigError
 from warehouse import ddl
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.ident import column_list, qualified, quote
@@ -33,6 +36,7 @@ from warehouse.schema import EXTRAS
 __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
 
 LOCK_WORDS = ("could not set lock", "conflicting lock")
+FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,30 @@ class EntityStatus:
     last_loaded_at: datetime | None
 
 
+# DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
+# data; under this cap it spills to `<warehouse>.tmp` instead and memory stays flat.
+MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "256MB"
+_MEMORY_LIMIT_RE = re.compile(r"^\s*[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
+
+
+def memory_limit() -> str:
+    """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it."""
+    value = os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT
+    if not _MEMORY_LIMIT_RE.match(value):
+        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
+    return value.strip()
+
+
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s)."""
+    limit = memory_limit()
     deadline = time.monotonic() + wait
     while True:
         try:
             con = duckdb.connect(str(path), read_only=read_only)
             con.execute("SET TimeZone = 'UTC'")
+            con.execute(f"SET memory_limit = '{limit}'")
             return con
         except duckdb.IOException as exc:
             if not any(word in str(exc).lower() for word in LOCK_WORDS):
@@ -222,6 +243,21 @@ class Warehouse:
                 run_id,
             ],
         )
+
+    def fail_run(self, run_id: str, message: str, entities: Iterable[str] = ()) -> None:
+        """Mark a run failed, keeping what its finished loads recorded; a run that failed
+        before its first load gets a row of its own."""
+        with self._transaction():
+            exists = self.con.execute(
+                'SELECT count(*) FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
+            ).fetchone()[0]
+            if not exists:
+                self.record_run(run_id, entities)
+            self.con.execute(
+                'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
+                'WHERE "run_id" = ?',
+                [FAILED, message, run_id],
+            )
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         row = self.con.execute(

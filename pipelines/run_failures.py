@@ -1,0 +1,58 @@
+"""A failed run is marked `failed` in `ops.sync_runs`, whoever launched it.
+
+Each load records its run as it commits, so without this a run that dies after its first
+load would read `success` to an analyst. The CLI marks its own runs; runs launched from the
+Dagster UI or the schedule are marked by the sensor below (the daemon of `make dev` runs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
+
+from pipelines.resources import DEFAULT_WAREHOUSE_PATH
+from pipelines.state import LOCK_WAIT_SECONDS
+from warehouse.errors import WarehouseLocked
+from warehouse.load import Warehouse
+
+log = logging.getLogger(__name__)
+
+
+def mark_failed(warehouse_path: str | Path, run_id: str, message: str) -> bool:
+    """Record the failure; False when there is no warehouse yet or it stays locked."""
+    path = Path(warehouse_path)
+    if not path.exists():
+        return False  # failed before anything was loaded: no warehouse to tell
+    try:
+        with Warehouse(path, wait=LOCK_WAIT_SECONDS) as wh:
+            wh.ensure_schema()
+            wh.fail_run(run_id, message)
+    except WarehouseLocked:
+        log.warning("run %s failed; the warehouse stayed locked, so ops.sync_runs says not", run_id)
+        return False
+    return True
+
+
+def first_failure(events) -> str:
+    """The first step failure's message (the connector's errors carry no PHI)."""
+    for event in events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            error = event.step_failure_data.error
+            while error.cause is not None:  # Dagster's wrapper first, our error underneath
+                error = error.cause
+            return f"{event.step_key}: {error.message.strip()}"
+    return "the run failed"
+
+
+@run_failure_sensor(
+    name="mark_failed_runs",
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Marks runs launched from the UI or the schedule as failed in ops.sync_runs",
+)
+def mark_failed_runs(context: RunFailureSensorContext) -> None:
+    path = os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
+    message = first_failure(context.get_step_failure_events())
+    mark_failed(path, context.dagster_run.run_id, message)
