@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import json
 import logging
 import os
 import random
@@ -30,6 +29,7 @@ from urllib.parse import quote
 import httpx
 
 from connectors.clinical_records.auth import TokenProvider
+from connectors.clinical_records.decode import decode_json
 from connectors.clinical_records.errors import (
     ApiError,
     MalformedResponse,
@@ -225,7 +225,7 @@ class Transport:
                     return None
                 raise _Retry("empty body")
             try:
-                decoded = json.loads(content)
+                decoded = decode_json(content)
             except ValueError:
                 raise _Retry("body is not JSON (truncated or garbled)") from None
             if validate is not None:
@@ -340,7 +340,7 @@ class Transport:
         content = response.read()
         self.counters.add(bytes=len(content))
         try:
-            body = json.loads(content) if content else None
+            body = decode_json(content) if content else None
         except ValueError:
             body = None
         return api_error(response.status_code, body, call.label, call.page)
