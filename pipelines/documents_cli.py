@@ -1,10 +1,11 @@
-"""`clinical-sync documents upload|list|download|delete`: staff scripts' door to spec 4.3.
+"""`clinical-sync documents upload|list|download|delete|sync`: the door to spec 4.3.
 
 The connector checks type and size before sending; the service's 400, 404 and 413 become
 one clear line each. Exit codes: 0 done, 1 refused (by the checks or the service), 2 a
 problem of the operator's setup (configuration, a missing local file, an existing output).
 Document ids are printed as the commands' results on stdout, never logged. Upload and delete
-leave a note so that the next documents sync lists that patient whole.
+leave a note so that the next documents sync lists that patient whole. `sync` runs the
+`patient_documents` asset through Dagster, as the `documents_sync` job does.
 
 Module level imports the standard library only: `clinical-sync --help` stays fast.
 """
@@ -155,9 +156,38 @@ def delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def sync(args: argparse.Namespace) -> int:
+    """The `patient_documents` asset through Dagster, as the `documents_sync` job runs it."""
+    from pipelines import home
+    from pipelines.commands import format_table
+    from pipelines.runner import sync_documents
+
+    with home.instance() as instance:
+        run = sync_documents(
+            os.environ,
+            lake_root=home.lake_root(),
+            warehouse_path=home.warehouse_path(),
+            full=args.full,
+            content=args.content,
+            instance=instance,
+            log_level="WARNING",
+        )
+    if not run.success:
+        return _fail(REFUSED, f"documents sync failed: {run.failure}")
+    print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))
+    print(f"run {run.run_id}")
+    if not run.figures.get("patients_listed"):
+        print(
+            "no patient listed: documents are listed per patient the warehouse holds, so run "
+            "`clinical-sync sync` first",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """`documents` and its four subcommands (imports nothing until one runs)."""
-    p = sub.add_parser("documents", help="upload, list, download or delete patient documents")
+    """`documents` and its subcommands (imports nothing until one runs)."""
+    p = sub.add_parser("documents", help="upload, list, download, delete or sync patient documents")
     actions = p.add_subparsers(dest="action", required=True)
 
     up = actions.add_parser("upload", help="upload a PDF, PNG, JPEG, TIFF or DOCX (max 25 MB)")
@@ -185,3 +215,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rm.add_argument("patient", help="patient id")
     rm.add_argument("document", help="document id")
     rm.set_defaults(func=_guarded(delete))
+
+    sy = actions.add_parser(
+        "sync", help="list every changed patient's documents into the warehouse"
+    )
+    sy.add_argument("--full", action="store_true", help="list every patient (marks deletes)")
+    sy.add_argument(
+        "--content", action="store_true", help="also fetch the files into the content store (PHI)"
+    )
+    sy.set_defaults(func=_guarded(sync))

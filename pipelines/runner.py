@@ -221,3 +221,44 @@ def sync(
         report.failure = first_failure(result.all_events)
         mark_failed(warehouse_path, result.run_id, report.failure)
     return report
+
+
+@dataclass
+class DocumentsRun:
+    run_id: str
+    success: bool
+    figures: dict[str, object]
+    failure: str | None = None
+
+
+def sync_documents(
+    env: Mapping[str, str],
+    *,
+    lake_root: str,
+    warehouse_path: str,
+    full: bool = False,
+    content: bool = False,
+    instance: DagsterInstance | None = None,
+    log_level: str = "INFO",
+) -> DocumentsRun:
+    """Materialize `patient_documents` once, as the `documents_sync` job does."""
+    from pipelines.documents_asset import patient_documents
+
+    result = materialize(
+        [patient_documents],
+        resources=resources_from_env(env, lake_root, warehouse_path, full=full),
+        run_config={
+            "ops": {patient_documents.op.name: {"config": {"download_content": content}}},
+            "loggers": {"console": {"config": {"log_level": log_level}}},
+        },
+        instance=instance,
+        tags={**run_tags(), "clinical-sync/command": "documents sync"},
+        raise_on_error=False,
+    )
+    figures = {
+        name: value.value
+        for event in result.get_asset_materialization_events()
+        for name, value in event.materialization.metadata.items()
+    }
+    failure = None if result.success else first_failure(result.all_events)
+    return DocumentsRun(result.run_id, result.success, figures, failure)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import ACCEPTED_DOCUMENT_TYPES, MAX_UPLOAD_BYTES
@@ -107,3 +108,32 @@ def test_configuration_error_exits_2(server, monkeypatch, capsys):
     monkeypatch.delenv("CLINICAL_API_KEY")
     code, _, err = run(capsys, "list", PATIENT)
     assert code == 2 and "CLINICAL_API_KEY" in err
+
+
+def test_documents_sync_lists_every_document_into_the_warehouse(
+    server, tmp_path, capsys, monkeypatch
+):
+    warehouse = tmp_path / "wh.duckdb"
+    monkeypatch.setenv("WAREHOUSE_PATH", str(warehouse))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    source = tmp_path / "card.pdf"
+    source.write_bytes(b"%PDF-1.4 insurance card " * 100)
+    code, out, _ = run(capsys, "upload", PATIENT, str(source), "--type", "Insurance")
+    assert code == 0, out
+
+    assert main(["sync", "--only", "Patients"]) == 0  # documents are listed per known patient
+    capsys.readouterr()
+    code, out, err = run(capsys, "sync", "--full")
+    assert code == 0, err
+    assert "requests" in out and "run " in out
+
+    truth = {d["id"] for d in server.store.ground_truth()["Documents"]}
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        held = {
+            row[0]
+            for row in con.execute(
+                'SELECT "id" FROM "clinical"."patient_documents" WHERE "_deleted_at" IS NULL'
+            ).fetchall()
+        }
+    assert held == truth and len(truth) > 1
+    assert not any(doc in out + err for doc in truth)  # ids are data, not log lines
