@@ -172,7 +172,6 @@ def run_ours(
             paths = [f.result() for f in futures]
         extracted, cpu_extracted = time.perf_counter(), cpu_seconds()
         with Warehouse(work / "ours.duckdb") as wh:
-            wh.con.execute("SET memory_limit = '700MB'")
             wh.ensure_schema()
             result = wh.load(APPOINTMENTS, paths, run_id=f"bench-{case}")
         seconds = time.perf_counter() - started

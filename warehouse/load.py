@@ -70,7 +70,7 @@ class EntityStatus:
 # DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
 # data; under this cap it spills to `<warehouse>.tmp` instead and memory stays flat.
 MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
-DEFAULT_MEMORY_LIMIT = "256MB"
+DEFAULT_MEMORY_LIMIT = "128MB"
 _MEMORY_LIMIT_RE = re.compile(r"^\s*[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
 
 
