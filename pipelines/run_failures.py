@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
+from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.settings import Settings
 from pipelines.resources import DEFAULT_WAREHOUSE_PATH
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
@@ -21,14 +24,23 @@ from warehouse.load import Warehouse
 log = logging.getLogger(__name__)
 
 
-def mark_failed(warehouse_path: str | Path, run_id: str, message: str) -> bool:
-    """Record the failure; False when there is no warehouse yet or it stays locked."""
+def mark_failed(
+    warehouse_path: str | Path, run_id: str, message: str, env: Mapping[str, str]
+) -> bool:
+    """Record the failure; False when there is no warehouse yet, it stays locked, or the run
+    was for another source (the source guard refused it: its warehouse keeps no trace)."""
     path = Path(warehouse_path)
     if not path.exists():
         return False  # failed before anything was loaded: no warehouse to tell
     try:
+        settings = Settings.from_env(env)
+    except ConfigError:
+        return False  # the run never reached the service; nothing of it is in the warehouse
+    try:
         with Warehouse(path, wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
+            if wh.source() not in (None, (settings.base_url, settings.customer)):
+                return False
             wh.fail_run(run_id, message)
     except WarehouseLocked:
         log.warning("run %s failed; the warehouse stayed locked, so ops.sync_runs says not", run_id)
@@ -55,4 +67,4 @@ def first_failure(events) -> str:
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
     path = os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
     message = first_failure(context.get_step_failure_events())
-    mark_failed(path, context.dagster_run.run_id, message)
+    mark_failed(path, context.dagster_run.run_id, message, os.environ)

@@ -219,7 +219,7 @@ def sync(
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
     if not result.success:
         report.failure = first_failure(result.all_events)
-        mark_failed(warehouse_path, result.run_id, report.failure)
+        mark_failed(warehouse_path, result.run_id, report.failure, env)
     return report
 
 

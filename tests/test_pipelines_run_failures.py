@@ -43,7 +43,8 @@ def test_the_sensor_marks_a_failed_run(sandbox, tmp_path, monkeypatch):
         dagster_event=failure.dagster_event,
     ).for_run_failure()
 
-    monkeypatch.setenv("WAREHOUSE_PATH", str(warehouse))
+    for name, value in {**env, "WAREHOUSE_PATH": str(warehouse)}.items():
+        monkeypatch.setenv(name, value)  # what the daemon's environment holds
     mark_failed_runs(context)
 
     with Warehouse(warehouse, read_only=True) as wh:

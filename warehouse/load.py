@@ -195,9 +195,14 @@ class Warehouse:
 
     # -- source, runs, watermarks ------------------------------------------------------
 
+    def source(self) -> tuple[str, str] | None:
+        """The (base_url, customer) the warehouse was built from; None before the first load."""
+        row = self.con.execute('SELECT "base_url", "customer" FROM "ops"."source"').fetchone()
+        return (row[0], row[1]) if row else None
+
     def check_source(self, base_url: str, customer: str, force: bool = False) -> None:
         """Record the source on first use; refuse another one unless `force`."""
-        row = self.con.execute('SELECT "base_url", "customer" FROM "ops"."source"').fetchone()
+        row = self.source()
         if row is not None and row != (base_url, customer) and not force:
             raise SourceMismatch(
                 f"warehouse {self.path} was built from another source (customer "
