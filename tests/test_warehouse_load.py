@@ -276,3 +276,10 @@ def test_memory_is_capped_and_a_bad_cap_names_the_variable(tmp_path, monkeypatch
     monkeypatch.setenv("WAREHOUSE_MEMORY_LIMIT", "lots")
     with pytest.raises(ValueError, match="WAREHOUSE_MEMORY_LIMIT: expected a size"):
         Warehouse(tmp_path / "wh.duckdb").open()
+
+
+def test_rows_staged_at_once_follow_the_memory_cap():
+    from warehouse.load import chunk_rows_for
+
+    assert chunk_rows_for("128MB") == 25_600  # half the cap at 2.5 KB a staged row
+    assert chunk_rows_for("1GiB") == 200_000 and chunk_rows_for("16MB") == 20_000

@@ -71,7 +71,17 @@ class EntityStatus:
 # data; under this cap it spills to `<warehouse>.tmp` instead and memory stays flat.
 MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "128MB"
-_MEMORY_LIMIT_RE = re.compile(r"^\s*[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
+_MEMORY_LIMIT_RE = re.compile(
+    r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE
+)
+_UNIT_BYTES = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+# Rows staged at once; larger loads run as several merges inside the same transaction. The
+# staged rows, every field of them, are the build side of the merge's hash join, which does
+# not spill: about 2.5 KB a row for the widest set, so the chunk follows the memory cap
+# (a merge of 1M appointments ran out of memory at 128MB with 200,000-row chunks).
+STAGED_ROW_BYTES = 2_500
+CHUNK_ROWS_RANGE = (20_000, 200_000)
 
 
 def memory_limit() -> str:
@@ -80,6 +90,16 @@ def memory_limit() -> str:
     if not _MEMORY_LIMIT_RE.match(value):
         raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
     return value.strip()
+
+
+def chunk_rows_for(limit: str) -> int:
+    """Rows to stage at once under the memory cap `limit` (a WAREHOUSE_MEMORY_LIMIT value)."""
+    match = _MEMORY_LIMIT_RE.match(limit)
+    if match is None:
+        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
+    size = float(match.group(1)) * _UNIT_BYTES[match.group(2).lower()]
+    low, high = CHUNK_ROWS_RANGE
+    return max(low, min(high, int(size / 2 / STAGED_ROW_BYTES)))
 
 
 def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
@@ -116,7 +136,7 @@ class Warehouse:
         chunk_rows: int | None = None,
     ) -> None:
         self.path = Path(path)
-        self.chunk_rows = chunk_rows or CHUNK_ROWS
+        self.chunk_rows = chunk_rows or chunk_rows_for(memory_limit())
         self.read_only = read_only
         self.wait = wait
         self.entities = {e.name: e for e in entities}
@@ -358,9 +378,6 @@ class _Transaction:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         self.con.execute("ROLLBACK" if kind else "COMMIT")
 
-
-# Rows staged at once; larger loads run as several merges inside the same transaction.
-CHUNK_ROWS = 200_000
 
 # The content hash: DuckDB's 64-bit hash of every field and the extras, as 16 hex digits.
 # It only has to tell one key's versions apart, and it is many times cheaper than md5 over
