@@ -412,8 +412,11 @@ class _Merge:
             f'CREATE TEMP TABLE "_seen" AS SELECT {self.key} AS "k" FROM {self.clinical} LIMIT 0'
         )
         actions: Counter[str] = Counter()
+        fresh = self._is_empty() and not self._has_duplicate_keys([str(p) for p in self.paths])
+        if fresh:  # no join to build: the staged rows spill like any temp table
+            chunk_rows = max(chunk_rows, CHUNK_ROWS_RANGE[1])
         for chunk in _chunks(self.paths, self.infos, chunk_rows):
-            planned = self._stage(chunk)
+            planned = self._stage(chunk, fresh)
             actions.update(planned)
             self._apply(planned)
             self.con.execute(f'INSERT INTO "_seen" SELECT {self.key} FROM "_stage"')
@@ -474,12 +477,17 @@ class _Merge:
         ).fetchone()
         return bool(duplicated)
 
-    def _stage(self, paths: Sequence[Path]) -> dict[str, int]:
+    def _is_empty(self) -> bool:
+        return self.con.execute(f"SELECT count(*) FROM {self.clinical}").fetchone()[0] == 0
+
+    def _stage(self, paths: Sequence[Path], fresh: bool) -> dict[str, int]:
         """`_stage`: the newest version per key across the batches, its content hash and
         what happens to it (`_action`); returns how many keys get each action.
 
         One statement reads the Parquet files, hashes and classifies; the newest-per-key
-        window runs only when some key occurs twice.
+        window runs only when some key occurs twice. A `fresh` load (an empty table, no key
+        twice in the whole load) inserts everything, so it skips the comparison with the
+        table, which each chunk would otherwise probe as the table grows.
         """
         files = [str(p) for p in paths]
         present = _columns_in(paths)
@@ -496,10 +504,27 @@ class _Merge:
                     ORDER BY {cursor} DESC NULLS LAST, "_extracted_at" DESC, "_order" DESC,
                              "_row" DESC
                 ) = 1"""
-            if self._has_duplicate_keys(files)
+            if not fresh and self._has_duplicate_keys(files)
             else ""
         )
         current = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
+        classify = (
+            f"""SELECT s.*, '{INSERT}' AS "_action" FROM "newest" AS s"""
+            if fresh
+            else f"""SELECT s.*,
+              CASE
+                WHEN c.{self.key} IS NULL THEN '{INSERT}'
+                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
+                                    AND s."_cursor" <> {current}
+                               THEN s."_cursor" > {current}
+                               ELSE s."_extracted_at" >= c."_extracted_at" END)
+                     THEN '{STALE}'
+                WHEN c."_deleted_at" IS NOT NULL THEN '{RESURRECT}'
+                WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
+                ELSE '{SAME}'
+              END AS "_action"
+            FROM "newest" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}"""
+        )
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_stage" AS
@@ -516,19 +541,7 @@ class _Merge:
                        {cursor} AS "_cursor"
                 FROM "rows" {newest}
             )
-            SELECT s.*,
-              CASE
-                WHEN c.{self.key} IS NULL THEN '{INSERT}'
-                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
-                                    AND s."_cursor" <> {current}
-                               THEN s."_cursor" > {current}
-                               ELSE s."_extracted_at" >= c."_extracted_at" END)
-                     THEN '{STALE}'
-                WHEN c."_deleted_at" IS NOT NULL THEN '{RESURRECT}'
-                WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
-                ELSE '{SAME}'
-              END AS "_action"
-            FROM "newest" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}
+            {classify}
             """,
             [files],
         )
