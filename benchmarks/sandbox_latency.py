@@ -17,20 +17,14 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record, sandbox_process
+from connectors.clinical_records.auth import TokenProvider
+from connectors.clinical_records.settings import Settings
 
 
 def token(env: dict[str, str]) -> str:
-    response = httpx.post(
-        f"{env['CLINICAL_AUTH_URL']}/oauth2/token",
-        data={
-            "grant_type": "client_credentials",
-            "client_id": env["CLINICAL_CLIENT_ID"],
-            "client_secret": env["CLINICAL_CLIENT_SECRET"],
-            "scope": f"svc-customer-api/{env['CLINICAL_CUSTOMER']}",
-        },
-    )
-    response.raise_for_status()
-    return response.json()["access_token"]
+    """A bearer token the way the connector gets one."""
+    with httpx.Client() as http:
+        return TokenProvider(Settings.from_env(env, dotenv_path=None), http).token()
 
 
 def timed_pages(client: httpx.Client, pages: int, keyset: bool) -> list[float]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
+from typing import Any
 
 from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 
@@ -187,14 +188,13 @@ def sync(
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
     started = time.monotonic()
-    result = materialize(
+    result = _materialize(
         [*build_assets(), *build_reference_checks()],
-        resources=resources,
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        resources,
+        log_level=log_level,
         instance=instance,
+        tags=tags or {},
         selection=selection(resolve(only)),
-        tags={**run_tags(), **(tags or {})},
-        raise_on_error=False,
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
     by_table = {e.table: e for e in ENTITY_SETS}
@@ -202,8 +202,7 @@ def sync(
         key: AssetKey = event.asset_key
         if key.path[0] != CLINICAL_GROUP:
             continue
-        metadata = event.materialization.metadata
-        figures = {name: value.value for name, value in metadata.items()}
+        figures = _values(event.materialization.metadata)
         report.entities[by_table[key.path[-1]].name] = figures
     for evaluation in result.get_asset_check_evaluations():
         report.checks.append(
@@ -212,7 +211,7 @@ def sync(
                 name=evaluation.check_name,
                 passed=evaluation.passed,
                 severity=evaluation.severity.value,
-                metadata={k: v.value for k, v in evaluation.metadata.items()},
+                metadata=_values(evaluation.metadata),
             )
         )
     order = [e.name for e in ENTITY_SETS]
@@ -244,21 +243,46 @@ def sync_documents(
     """Materialize `patient_documents` once, as the `documents_sync` job does."""
     from pipelines.documents_asset import patient_documents
 
-    result = materialize(
+    result = _materialize(
         [patient_documents],
-        resources=resources_from_env(env, lake_root, warehouse_path, full=full),
-        run_config={
-            "ops": {patient_documents.op.name: {"config": {"download_content": content}}},
-            "loggers": {"console": {"config": {"log_level": log_level}}},
-        },
+        resources_from_env(env, lake_root, warehouse_path, full=full),
+        log_level=log_level,
         instance=instance,
-        tags={**run_tags(), "clinical-sync/command": "documents sync"},
-        raise_on_error=False,
+        tags={"clinical-sync/command": "documents sync"},
+        ops={patient_documents.op.name: {"config": {"download_content": content}}},
     )
-    figures = {
-        name: value.value
-        for event in result.get_asset_materialization_events()
-        for name, value in event.materialization.metadata.items()
-    }
+    figures: dict[str, object] = {}
+    for event in result.get_asset_materialization_events():
+        figures.update(_values(event.materialization.metadata))
     failure = None if result.success else first_failure(result.all_events)
     return DocumentsRun(result.run_id, result.success, figures, failure)
+
+
+def _materialize(
+    assets: Sequence[Any],
+    resources: Mapping[str, object],
+    *,
+    log_level: str,
+    instance: DagsterInstance | None,
+    tags: Mapping[str, str],
+    selection: AssetSelection | None = None,
+    ops: Mapping[str, object] | None = None,
+):
+    """One in-process run, as the CLI makes them: its log level, liveness tags, no raising."""
+    run_config: dict[str, object] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+    if ops:
+        run_config["ops"] = dict(ops)
+    return materialize(
+        assets,
+        resources=resources,
+        run_config=run_config,
+        instance=instance,
+        selection=selection,
+        tags={**run_tags(), **tags},
+        raise_on_error=False,
+    )
+
+
+def _values(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Dagster metadata entries as plain values."""
+    return {name: value.value for name, value in metadata.items()}

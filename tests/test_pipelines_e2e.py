@@ -20,8 +20,8 @@ from connectors.sandbox.server import SandboxServer
 from pipelines.assets import build_assets
 from pipelines.keys import lake_key
 from pipelines.runner import SyncReport, resources_from_env, sync
-from warehouse.ident import column_list, qualified, quote
-from warehouse.normalise import normalise
+from tests.truth import canonical, live_rows
+from warehouse.ident import qualified, quote
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +48,7 @@ class Target:
     def truth(self, ent: EntitySet) -> dict[object, dict]:
         with self.server.store.lock:
             records = self.server.store.ground_truth()[ent.name]
-        rows = normalise(ent, records).table.select([f.name for f in ent.fields]).to_pylist()
-        return {r[ent.key]: r for r in rows}
+        return canonical(ent, records)
 
     def query(self, sql: str, params: list | None = None) -> list[tuple]:
         with duckdb.connect(self.warehouse, read_only=True) as con:
@@ -57,13 +56,7 @@ class Target:
             return con.execute(sql, params or []).fetchall()
 
     def live(self, ent: EntitySet) -> dict[object, dict]:
-        with duckdb.connect(self.warehouse, read_only=True) as con:
-            con.execute("SET TimeZone = 'UTC'")
-            table = con.sql(
-                f"SELECT {column_list(f.name for f in ent.fields)} "
-                f'FROM {qualified("clinical", ent.table)} WHERE "_deleted_at" IS NULL'
-            ).to_arrow_table()
-        return {r[ent.key]: r for r in table.to_pylist()}
+        return live_rows(self.warehouse, ent)
 
     def deleted_keys(self, ent: EntitySet) -> set:
         rows = self.query(

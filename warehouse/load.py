@@ -84,27 +84,29 @@ STAGED_ROW_BYTES = 2_500
 CHUNK_ROWS_RANGE = (20_000, 200_000)
 
 
+def _size_bytes(value: str) -> float:
+    """A WAREHOUSE_MEMORY_LIMIT value in bytes; ConfigError names the variable otherwise."""
+    match = _MEMORY_LIMIT_RE.match(value)
+    if match is None:
+        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
+    return float(match.group(1)) * _UNIT_BYTES[match.group(2).lower()]
+
+
 def memory_limit() -> str:
     """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it."""
-    value = os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT
-    if not _MEMORY_LIMIT_RE.match(value):
-        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
-    return value.strip()
+    value = (os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT).strip()
+    _size_bytes(value)
+    return value
 
 
 def chunk_rows_for(limit: str) -> int:
     """Rows to stage at once under the memory cap `limit` (a WAREHOUSE_MEMORY_LIMIT value)."""
-    match = _MEMORY_LIMIT_RE.match(limit)
-    if match is None:
-        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
-    size = float(match.group(1)) * _UNIT_BYTES[match.group(2).lower()]
     low, high = CHUNK_ROWS_RANGE
-    return max(low, min(high, int(size / 2 / STAGED_ROW_BYTES)))
+    return max(low, min(high, int(_size_bytes(limit) / 2 / STAGED_ROW_BYTES)))
 
 
-def _connect(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+def _connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.DuckDBPyConnection:
     """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s)."""
-    limit = memory_limit()
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -136,7 +138,8 @@ class Warehouse:
         chunk_rows: int | None = None,
     ) -> None:
         self.path = Path(path)
-        self.chunk_rows = chunk_rows or chunk_rows_for(memory_limit())
+        self.memory_limit = memory_limit()
+        self.chunk_rows = chunk_rows or chunk_rows_for(self.memory_limit)
         self.read_only = read_only
         self.wait = wait
         self.entities = {e.name: e for e in entities}
@@ -160,7 +163,7 @@ class Warehouse:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
-            self._con = _connect(self.path, self.read_only, self.wait)
+            self._con = _connect(self.path, self.read_only, self.wait, self.memory_limit)
 
     def close(self) -> None:
         if self._con is not None:

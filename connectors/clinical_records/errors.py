@@ -14,6 +14,12 @@ class ClinicalApiError(Exception):
     """Base of every error the connector raises on purpose."""
 
 
+def _where(preposition: str, entity: str | None, page: int | None) -> str:
+    """Where in a sync an error happened, e.g. ' on Claims page 3' (names no record)."""
+    where = f" {preposition} {entity}" if entity else ""
+    return where + (f" page {page}" if page is not None else "")
+
+
 class ConfigError(ClinicalApiError, ValueError):
     """A CLINICAL_* variable is missing or malformed."""
 
@@ -39,8 +45,7 @@ class ApiError(ClinicalApiError):
         entity: str | None = None,
         page: int | None = None,
     ) -> None:
-        where = f" on {entity}" if entity else ""
-        where += f" page {page}" if page is not None else ""
+        where = _where("on", entity, page)
         text = f"HTTP {status}{where}: {code or 'error'}: {message}"
         super().__init__(text + (f" ({details})" if details else ""))
         self.status = status
@@ -103,8 +108,7 @@ class RetryExhausted(ClinicalApiError):
     """A retriable failure persisted past the attempt or time budget."""
 
     def __init__(self, reason: str, attempts: int, entity: str | None, page: int | None) -> None:
-        where = f" on {entity}" if entity else ""
-        where += f" page {page}" if page is not None else ""
+        where = _where("on", entity, page)
         super().__init__(f"gave up{where} after {attempts} attempts: {reason}")
         self.reason = reason
         self.attempts = attempts
@@ -116,8 +120,7 @@ class MalformedResponse(ClinicalApiError):
     """A body that is not the JSON the spec promises (truncated, not JSON, wrong shape)."""
 
     def __init__(self, reason: str, entity: str | None = None, page: int | None = None) -> None:
-        where = f" from {entity}" if entity else ""
-        where += f" page {page}" if page is not None else ""
+        where = _where("from", entity, page)
         super().__init__(f"malformed response{where}: {reason}")
         self.reason = reason
         self.entity = entity

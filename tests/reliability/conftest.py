@@ -25,9 +25,9 @@ from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport
 from pipelines.runner import sync as run_sync
-from warehouse.ident import column_list, qualified, quote
+from tests.truth import canonical, live_rows
+from warehouse.ident import qualified, quote
 from warehouse.lake import Lake
-from warehouse.normalise import normalise
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,21 +227,8 @@ def truth(server: SandboxServer) -> dict[str, list[dict]]:
         return server.store.ground_truth()
 
 
-def canonical(entity: EntitySet, records: list[dict]) -> dict[object, dict]:
-    """Source records through the warehouse's own normaliser: canonical values by key."""
-    names = [f.name for f in entity.fields]
-    rows = normalise(entity, records).table.select(names).to_pylist()
-    return {r[entity.key]: r for r in rows}
-
-
 def live(target: Target, entity: EntitySet) -> dict[object, dict]:
-    with duckdb.connect(str(target.warehouse), read_only=True) as con:
-        con.execute("SET TimeZone = 'UTC'")
-        table = con.sql(
-            f"SELECT {column_list(f.name for f in entity.fields)} "
-            f'FROM {qualified("clinical", entity.table)} WHERE "_deleted_at" IS NULL'
-        ).to_arrow_table()
-    return {r[entity.key]: r for r in table.to_pylist()}
+    return live_rows(target.warehouse, entity)
 
 
 def duplicates(target: Target, entity: EntitySet) -> int:
