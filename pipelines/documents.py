@@ -49,8 +49,6 @@ from pipelines.documents_plan import (
     plan_listing,
 )
 from warehouse.content_store import PRIVATE_DIR, PRIVATE_FILE
-from warehouse.ddl import HISTORY
-from warehouse.ident import qualified, quote
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
 from warehouse.normalise import REJECT, normalise
@@ -60,7 +58,6 @@ log = logging.getLogger(__name__)
 NOTES_DIR = "_notes"
 PENDING_NOTES = "pending.txt"
 BATCH_ROWS = 5_000
-DOCS_HISTORY = qualified(HISTORY, DOCUMENTS.table)
 
 
 # -- notes left by `clinical-sync documents upload|delete` ---------------------------------
@@ -172,7 +169,8 @@ def mark_absent(
     con: duckdb.DuckDBPyConnection, patients: Sequence[str], seen: Sequence[str], at: datetime
 ) -> int:
     """For patients listed whole outside a full listing: their held documents the listing
-    lacked are deleted at the source (`_deleted_at`, history closed). One transaction."""
+    lacked are deleted at the source (`_deleted_at`, which closes their history). One
+    transaction."""
     if not patients:
         return 0
     con.execute("BEGIN TRANSACTION")
@@ -186,12 +184,11 @@ def mark_absent(
                 [list(patients), list(seen), at],
             ).fetchall()
         ]
-        for table, column in ((DOCS_TABLE, "_deleted_at"), (DOCS_HISTORY, "_valid_to")):
-            con.execute(
-                f"UPDATE {table} SET {quote(column)} = ? WHERE {quote(column)} IS NULL "
-                f'AND "id" IN (SELECT unnest(CAST(? AS VARCHAR[])))',
-                [at, gone],
-            )
+        con.execute(
+            f'UPDATE {DOCS_TABLE} SET "_deleted_at" = ? WHERE "_deleted_at" IS NULL '
+            f'AND "id" IN (SELECT unnest(CAST(? AS VARCHAR[])))',
+            [at, gone],
+        )
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -238,33 +238,79 @@ def test_canonical_types_of_the_catalogue_are_the_table_types(harness):
     assert types["id"] == Canonical.BIGINT.value
 
 
-def test_a_load_in_chunks_gives_the_same_tables_as_one_merge(tmp_path):
-    def build(root, chunk_rows):
-        h = Harness(root)
-        h.wh.chunk_rows = chunk_rows
-        paths = [
-            h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="1"), record(CLAIMS, 2)], day=0),
-            h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="2", updated_at="2026-03-01")]),
-            h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="3", updated_at="2026-01-01")]),
-            h.write(CLAIMS, [record(CLAIMS, 3)], day=1),
-        ]
-        result = h.wh.load(CLAIMS, paths, run_id="r", snapshot=True)
-        state = h.rows(
-            'SELECT "id", "total_claim_amount", "_deleted_at" FROM "clinical"."claims" ORDER BY 1'
-        )
-        h.close()
-        return result, state
-
-    whole, whole_state = build(tmp_path / "whole", 1000)
-    chunked, chunked_state = build(tmp_path / "chunked", 1)
-    assert whole_state == chunked_state
-    assert [amount for _, amount, _ in whole_state] == [
-        Decimal("2"),
-        Decimal("2.5"),
-        Decimal("3.5"),
+@pytest.mark.parametrize("held", [False, True], ids=["into-empty", "into-held"])
+def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
+    h = Harness(tmp_path)
+    if held:  # the same load merging into rows already there, not a fresh insert
+        h.sync(CLAIMS, [record(CLAIMS, 1, total_claim_amount="0.5", updated_at="2025-12-01")])
+    paths = [
+        h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="1"), record(CLAIMS, 2)], day=0),
+        h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="2", updated_at="2026-03-01")]),
+        h.write(CLAIMS, [record(CLAIMS, 1, total_claim_amount="3", updated_at="2026-01-01")]),
+        h.write(CLAIMS, [record(CLAIMS, 3)], day=1),
     ]
-    assert (whole.soft_deleted, chunked.soft_deleted) == (0, 0)
-    assert whole.inserted == chunked.inserted == 3
+    result = h.wh.load(CLAIMS, paths, run_id="r", snapshot=True)
+    state = h.rows(
+        'SELECT "id", "total_claim_amount", "_deleted_at" FROM "clinical"."claims" ORDER BY 1'
+    )
+    versions = h.rows('SELECT count(*) FROM "history"."claims" WHERE "id" = 1')
+    h.close()
+    assert [(key, amount) for key, amount, _ in state] == [
+        (1, Decimal("2")),
+        (2, Decimal("2.5")),
+        (3, Decimal("3.5")),
+    ]
+    assert all(deleted is None for _, _, deleted in state)
+    assert (result.inserted, result.updated, result.soft_deleted) == (
+        (2, 1, 0) if held else (3, 0, 0)
+    )
+    assert versions == [(2 if held else 1,)]
+
+
+def test_history_is_the_superseded_versions_and_the_current_rows(harness):
+    harness.sync(CLAIMS, [record(CLAIMS, 1, total_claim_amount="1"), record(CLAIMS, 2)], day=0)
+    harness.sync(
+        CLAIMS, [record(CLAIMS, 1, total_claim_amount="2", updated_at="2026-03-01")], day=1
+    )
+    assert harness.rows('SELECT "id", "total_claim_amount" FROM "history"."claims_superseded"') == [
+        (1, Decimal("1"))
+    ]
+    kinds = dict(
+        harness.rows(
+            "SELECT table_name, table_type FROM information_schema.tables "
+            "WHERE table_schema = 'history' AND table_name LIKE 'claims%'"
+        )
+    )
+    assert kinds == {"claims": "VIEW", "claims_superseded": "BASE TABLE"}
+
+
+def test_a_warehouse_with_history_tables_moves_to_the_history_views(harness):
+    """Warehouses made before history became a view held every version in the table."""
+    harness.sync(CLAIMS, [record(CLAIMS, 1, total_claim_amount="1"), record(CLAIMS, 2)], day=0)
+    harness.sync(
+        CLAIMS, [record(CLAIMS, 1, total_claim_amount="2", updated_at="2026-03-01")], day=1
+    )
+    harness.sync(
+        CLAIMS,
+        [record(CLAIMS, 1, total_claim_amount="2", updated_at="2026-03-01")],
+        day=2,
+        snapshot=True,
+    )
+    every_version = harness.rows('SELECT * FROM "history"."claims" ORDER BY ALL')
+    con = harness.wh.con
+    for statement in (
+        'CREATE TABLE "history"."old" AS SELECT * FROM "history"."claims"',
+        'DROP VIEW "history"."claims"',
+        'DROP TABLE "history"."claims_superseded"',
+        'ALTER TABLE "history"."old" RENAME TO "claims"',
+        'DELETE FROM "ops"."schema_version"',
+    ):
+        con.execute(statement)
+
+    harness.wh.ensure_schema()
+    assert harness.rows('SELECT * FROM "history"."claims" ORDER BY ALL') == every_version
+    assert harness.rows('SELECT count(*) FROM "history"."claims_superseded"') == [(1,)]
+    assert len(every_version) == 3  # claim 1 twice, claim 2 once (deleted by the snapshot)
 
 
 def test_memory_is_capped_and_a_bad_cap_names_the_variable(tmp_path, monkeypatch):
@@ -276,10 +322,3 @@ def test_memory_is_capped_and_a_bad_cap_names_the_variable(tmp_path, monkeypatch
     monkeypatch.setenv("WAREHOUSE_MEMORY_LIMIT", "lots")
     with pytest.raises(ValueError, match="WAREHOUSE_MEMORY_LIMIT: expected a size"):
         Warehouse(tmp_path / "wh.duckdb").open()
-
-
-def test_rows_staged_at_once_follow_the_memory_cap():
-    from warehouse.load import chunk_rows_for
-
-    assert chunk_rows_for("128MB") == 25_600  # half the cap at 2.5 KB a staged row
-    assert chunk_rows_for("1GiB") == 200_000 and chunk_rows_for("16MB") == 20_000

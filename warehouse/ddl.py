@@ -1,7 +1,13 @@
 """DDL for every warehouse schema, generated from the catalogue (DESIGN.md, DuckDB schemas).
 
-Each statement is idempotent (`IF NOT EXISTS`), so `ensure_schema` may run on every start.
-Every table and column gets a `COMMENT ON` from the spec's meaning or the column's purpose.
+Each statement is idempotent (`IF NOT EXISTS`, `OR REPLACE`), so `ensure_schema` may run on
+every start. Every table, view and column gets a `COMMENT ON` from the spec's meaning or the
+column's purpose.
+
+`history.<table>` is a view: the versions a newer one replaced live in
+`history.<table>_superseded`, and the current version of every record is its row in
+`clinical`. Storing the current versions once halves what a load writes (an initial load
+wrote every row twice), and the two can never disagree.
 """
 
 from __future__ import annotations
@@ -9,8 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from connectors.clinical_records.catalogue import EntitySet
-from warehouse.ident import literal, qualified, quote
-from warehouse.schema import CLINICAL_META, HISTORY_META
+from warehouse.ident import column_list, literal, qualified, quote
+from warehouse.schema import CLINICAL_META, EXTRAS, HISTORY_META
+
+SUPERSEDED = "_superseded"
+CONTENT_META = (EXTRAS, "_content_hash")  # stored alike in clinical and history
 
 CLINICAL, HISTORY, OPS, ANALYTICS = "clinical", "history", "ops", "analytics"
 SCHEMAS: dict[str, str] = {
@@ -109,6 +118,17 @@ def history_columns(entity: EntitySet) -> Columns:
     return {**field_columns(entity), **HISTORY_META}
 
 
+def superseded_table(entity: EntitySet) -> str:
+    """The table behind `history.<table>` that holds the replaced versions."""
+    return f"{entity.table}{SUPERSEDED}"
+
+
+def _comments(kind: str, target: str, meaning: str, columns: Columns) -> Iterator[str]:
+    yield f"COMMENT ON {kind} {target} IS {literal(meaning)}"
+    for col, (_, text) in columns.items():
+        yield f"COMMENT ON COLUMN {target}.{quote(col)} IS {literal(text)}"
+
+
 def _table(schema: str, name: str, meaning: str, columns: Columns) -> Iterator[str]:
     target = qualified(schema, name)
     body = ",\n  ".join(f"{quote(col)} {kind}" for col, (kind, _) in columns.items())
@@ -116,9 +136,20 @@ def _table(schema: str, name: str, meaning: str, columns: Columns) -> Iterator[s
     # A table made by an older catalogue gains the fields added since (adding a field is a line).
     for col, (kind, _) in columns.items():
         yield f"ALTER TABLE {target} ADD COLUMN IF NOT EXISTS {quote(col)} {kind}"
-    yield f"COMMENT ON TABLE {target} IS {literal(meaning)}"
-    for col, (_, text) in columns.items():
-        yield f"COMMENT ON COLUMN {target}.{quote(col)} IS {literal(text)}"
+    yield from _comments("TABLE", target, meaning, columns)
+
+
+def _history_view(entity: EntitySet, meaning: str) -> Iterator[str]:
+    """`history.<table>`: the superseded versions and, from clinical, the current ones."""
+    columns = history_columns(entity)
+    content = column_list([*field_columns(entity), *CONTENT_META])
+    target = qualified(HISTORY, entity.table)
+    yield f"""CREATE OR REPLACE VIEW {target} AS
+SELECT {column_list(columns)} FROM {qualified(HISTORY, superseded_table(entity))}
+UNION ALL
+SELECT {content}, "_extracted_at" AS "_valid_from", "_deleted_at" AS "_valid_to", "_run_id"
+FROM {qualified(CLINICAL, entity.table)}"""
+    yield from _comments("VIEW", target, meaning, columns)
 
 
 def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
@@ -134,7 +165,12 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
             clinical_columns(entity),
         )
         yield from _table(
-            HISTORY, entity.table, f"Every version of {what} seen", history_columns(entity)
+            HISTORY,
+            superseded_table(entity),
+            f"Versions of {what} that a newer version or a deletion replaced "
+            f"(history.{entity.table} adds the current ones)",
+            history_columns(entity),
         )
+        yield from _history_view(entity, f"Every version of {what} seen")
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns)

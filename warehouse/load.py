@@ -4,6 +4,10 @@ A load stages the batches' rows with `read_parquet`, keeps the newest version pe
 (cursor, then extraction time), compares content hashes with `clinical`, and applies the
 plan: inserts, updates, resurrections, type-2 history, soft deletes of a snapshot, rejects,
 the batch ledger and the watermark, all committed together or not at all.
+
+A fresh load (an empty table, no key twice) skips all that and streams the rows into
+`clinical`. DuckDB keeps no insertion order (`preserve_insertion_order`): no table here
+promises one, and keeping it doubled the time of a large insert under the memory cap.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
 from importlib import resources
@@ -76,13 +80,6 @@ _MEMORY_LIMIT_RE = re.compile(
 )
 _UNIT_BYTES = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
-# Rows staged at once; larger loads run as several merges inside the same transaction. The
-# staged rows, every field of them, are the build side of the merge's hash join, which does
-# not spill: about 2.5 KB a row for the widest set, so the chunk follows the memory cap
-# (a merge of 1M appointments ran out of memory at 128MB with 200,000-row chunks).
-STAGED_ROW_BYTES = 2_500
-CHUNK_ROWS_RANGE = (20_000, 200_000)
-
 
 def _size_bytes(value: str) -> float:
     """A WAREHOUSE_MEMORY_LIMIT value in bytes; ConfigError names the variable otherwise."""
@@ -99,12 +96,6 @@ def memory_limit() -> str:
     return value
 
 
-def chunk_rows_for(limit: str) -> int:
-    """Rows to stage at once under the memory cap `limit` (a WAREHOUSE_MEMORY_LIMIT value)."""
-    low, high = CHUNK_ROWS_RANGE
-    return max(low, min(high, int(_size_bytes(limit) / 2 / STAGED_ROW_BYTES)))
-
-
 def _connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.DuckDBPyConnection:
     """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s)."""
     deadline = time.monotonic() + wait
@@ -113,6 +104,7 @@ def _connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duc
             con = duckdb.connect(str(path), read_only=read_only)
             con.execute("SET TimeZone = 'UTC'")
             con.execute(f"SET memory_limit = '{limit}'")
+            con.execute("SET preserve_insertion_order = false")
             return con
         except duckdb.IOException as exc:
             if not any(word in str(exc).lower() for word in LOCK_WORDS):
@@ -135,11 +127,9 @@ class Warehouse:
         read_only: bool = False,
         wait: float = 0.0,
         entities: Sequence[EntitySet] = ALL_ENTITIES,
-        chunk_rows: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.memory_limit = memory_limit()
-        self.chunk_rows = chunk_rows or chunk_rows_for(self.memory_limit)
         self.read_only = read_only
         self.wait = wait
         self.entities = {e.name: e for e in entities}
@@ -195,10 +185,32 @@ class Warehouse:
         if self._applied_schema() == fingerprint:
             return
         with self._transaction():
+            self._history_tables_to_views()
             for statement in statements:
                 self.con.execute(statement)
             self.con.execute('DELETE FROM "ops"."schema_version"')
             self.con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
+
+    def _history_tables_to_views(self) -> None:
+        """Warehouses made before `history.<table>` became a view kept every version in it:
+        the versions that are not the current one in clinical move to the superseded table."""
+        for ent in self.entities.values():
+            (is_table,) = self.con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+                [ddl.HISTORY, ent.table],
+            ).fetchone()
+            if not is_table:
+                continue
+            history = qualified(ddl.HISTORY, ent.table)
+            key = quote(ent.key)
+            self.con.execute(
+                f"""CREATE TABLE {qualified(ddl.HISTORY, ddl.superseded_table(ent))} AS
+                    SELECT h.* FROM {history} AS h WHERE NOT EXISTS (
+                        SELECT 1 FROM {qualified(ddl.CLINICAL, ent.table)} AS c
+                        WHERE c.{key} = h.{key} AND c."_extracted_at" = h."_valid_from"
+                          AND c."_content_hash" = h."_content_hash")"""
+            )
+            self.con.execute(f"DROP TABLE {history}")
 
     def _applied_schema(self) -> str | None:
         try:
@@ -336,11 +348,7 @@ class Warehouse:
             if info.table != ent.table:
                 raise ValueError(f"batch of {info.entity} given to the load of {ent.name}")
         with self._transaction():
-            result = (
-                _Merge(self.con, ent, paths, infos, run_id).run(snapshot, self.chunk_rows)
-                if paths
-                else None
-            )
+            result = _Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             self._write_state(ent, run_id, infos, snapshot, watermark)
         return result or LoadResult()
 
@@ -403,31 +411,30 @@ class _Merge:
         run_id: str,
     ) -> None:
         self.con, self.ent, self.paths, self.infos, self.run_id = con, ent, paths, infos, run_id
+        self.files = [str(p) for p in paths]
         self.clinical = qualified(ddl.CLINICAL, ent.table)
-        self.history = qualified(ddl.HISTORY, ent.table)
+        self.superseded = qualified(ddl.HISTORY, ddl.superseded_table(ent))
         self.key = quote(ent.key)
         self.fields = [f.name for f in ent.fields]
         self.snapshot_at = max(i.extracted for i in infos)
 
-    def run(self, snapshot: bool, chunk_rows: int) -> LoadResult:
+    def run(self, snapshot: bool) -> LoadResult:
         new = self._register_batches()
-        self.con.execute(
-            f'CREATE TEMP TABLE "_seen" AS SELECT {self.key} AS "k" FROM {self.clinical} LIMIT 0'
-        )
         actions: Counter[str] = Counter()
-        fresh = self._is_empty() and not self._has_duplicate_keys([str(p) for p in self.paths])
-        if fresh:  # no join to build: the staged rows spill like any temp table
-            chunk_rows = max(chunk_rows, CHUNK_ROWS_RANGE[1])
-        for chunk in _chunks(self.paths, self.infos, chunk_rows):
-            planned = self._stage(chunk, fresh)
-            actions.update(planned)
-            self._apply(planned)
-            self.con.execute(f'INSERT INTO "_seen" SELECT {self.key} FROM "_stage"')
+        duplicated = self._has_duplicate_keys()
+        if not duplicated and self._is_empty():
+            # A fresh load (an empty table, no key twice) inserts everything: one streaming
+            # statement, nothing to compare with and nothing a snapshot could have missed.
+            actions[INSERT] = self._insert_fresh()
+            deleted = 0
+        else:
+            actions.update(self._plan(duplicated))
+            self._apply(actions)
+            deleted = self._mark_deleted() if snapshot else 0
             self.con.execute('DROP TABLE "_stage"')
-        deleted = self._mark_deleted() if snapshot else 0
+            self.con.execute('DROP TABLE "_plan"')
         rejected = self._rejects(new)
         self._ledger()
-        self.con.execute('DROP TABLE "_seen"')
         self.con.unregister("_batches")
         return LoadResult(
             fetched=sum(i.rows for i in self.infos) + rejected,
@@ -471,29 +478,22 @@ class _Merge:
         self.con.register("_batches", table)
         return table.column("new").to_pylist()
 
-    def _has_duplicate_keys(self, files: list[str]) -> bool:
-        """Whether a key occurs twice in these batches (reads the key column only)."""
+    def _has_duplicate_keys(self) -> bool:
+        """Whether a key occurs twice in the batches (reads the key column only)."""
         (duplicated,) = self.con.execute(
             f"""SELECT count(*) <> count(DISTINCT {self.key})
                 FROM read_parquet(?, hive_partitioning = false)""",
-            [files],
+            [self.files],
         ).fetchone()
         return bool(duplicated)
 
     def _is_empty(self) -> bool:
         return self.con.execute(f"SELECT count(*) FROM {self.clinical}").fetchone()[0] == 0
 
-    def _stage(self, paths: Sequence[Path], fresh: bool) -> dict[str, int]:
-        """`_stage`: the newest version per key across the batches, its content hash and
-        what happens to it (`_action`); returns how many keys get each action.
-
-        One statement reads the Parquet files, hashes and classifies; the newest-per-key
-        window runs only when some key occurs twice. A `fresh` load (an empty table, no key
-        twice in the whole load) inserts everything, so it skips the comparison with the
-        table, which each chunk would otherwise probe as the table grows.
-        """
-        files = [str(p) for p in paths]
-        present = _columns_in(paths)
+    def _versions(self, ranked: bool) -> str:
+        """SQL of the batches' rows with their content hash and cursor (`?`: the files);
+        `ranked` adds batch order and row number, which break ties between versions."""
+        present = _columns_in(self.paths)
         select = ", ".join(
             f"s.{quote(name)}" if name in present else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
@@ -501,20 +501,60 @@ class _Merge:
         extras = f"s.{quote(EXTRAS)}" if EXTRAS in present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
         content = column_list([*self.fields, EXTRAS])
         cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
-        newest = (
-            f"""QUALIFY row_number() OVER (
-                    PARTITION BY {self.key}
-                    ORDER BY {cursor} DESC NULLS LAST, "_extracted_at" DESC, "_order" DESC,
-                             "_row" DESC
-                ) = 1"""
-            if not fresh and self._has_duplicate_keys(files)
-            else ""
+        rank = ', b."batch_order" AS "_order", s."file_row_number" AS "_row"' if ranked else ""
+        return f"""
+            SELECT *, {CONTENT_HASH.format(content=content)} AS "_content_hash",
+                   {cursor} AS "_cursor"
+            FROM (
+                SELECT {select}, {extras}, b."extracted_at" AS "_extracted_at",
+                       b."batch_run_id" AS "_run_id" {rank}
+                FROM read_parquet(?, filename = true, hive_partitioning = false,
+                                  file_row_number = {ranked}, union_by_name = true) AS s
+                JOIN "_batches" AS b ON s."filename" = b."file"
+            )"""
+
+    def _keep_newest(self) -> None:
+        """Drop from `_stage` every version but the newest of its key (cursor, then
+        extraction time, batch, row). The window sees narrow rows only: memory stays low."""
+        self.con.execute(
+            f"""DELETE FROM "_stage" WHERE rowid IN (
+                    SELECT rowid FROM "_stage"
+                    QUALIFY row_number() OVER (
+                        PARTITION BY {self.key}
+                        ORDER BY "_cursor" DESC NULLS LAST, "_extracted_at" DESC,
+                                 "_order" DESC, "_row" DESC
+                    ) > 1)"""
         )
+
+    def _insert_fresh(self) -> int:
+        """Every row of the batches straight into clinical; returns how many."""
+        cols = column_list([*self.fields, EXTRAS, "_content_hash"])
+        (inserted,) = self.con.execute(
+            f"""INSERT INTO {self.clinical} ({cols}, "_extracted_at", "_synced_at", "_run_id",
+                                             "_deleted_at")
+                SELECT {cols}, "_extracted_at", now(), "_run_id", NULL
+                FROM ({self._versions(ranked=False)})""",
+            [self.files],
+        ).fetchone()
+        return inserted
+
+    def _plan(self, duplicated: bool) -> dict[str, int]:
+        """`_stage`: the newest version per key across the batches with its content hash;
+        `_plan`: what happens to each key (`_action`). Returns how many keys get each action.
+
+        Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
+        table stays small; the wide staged rows stream, and spill under the memory cap.
+        """
+        self.con.execute(
+            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
+        )
+        if duplicated:
+            self._keep_newest()
         current = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
-        classify = (
-            f"""SELECT s.*, '{INSERT}' AS "_action" FROM "newest" AS s"""
-            if fresh
-            else f"""SELECT s.*,
+        self.con.execute(
+            f"""
+            CREATE TEMP TABLE "_plan" AS
+            SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
                 WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
@@ -526,65 +566,51 @@ class _Merge:
                 WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
                 ELSE '{SAME}'
               END AS "_action"
-            FROM "newest" AS s LEFT JOIN {self.clinical} AS c ON c.{self.key} = s.{self.key}"""
+            FROM "_stage" AS s
+            LEFT JOIN (SELECT {self.key}, {current.removeprefix("c.")}, "_extracted_at",
+                              "_deleted_at", "_content_hash" FROM {self.clinical}) AS c
+              ON c.{self.key} = s.{self.key}
+            """
         )
-        self.con.execute(
-            f"""
-            CREATE TEMP TABLE "_stage" AS
-            WITH "rows" AS (
-                SELECT {select}, {extras}, b."extracted_at" AS "_extracted_at",
-                       b."batch_run_id" AS "_run_id", b."batch_order" AS "_order",
-                       s."file_row_number" AS "_row"
-                FROM read_parquet(?, filename = true, hive_partitioning = false,
-                                  file_row_number = true, union_by_name = true) AS s
-                JOIN "_batches" AS b ON s."filename" = b."file"
-            ), "newest" AS (
-                SELECT * EXCLUDE ("_order", "_row"),
-                       {CONTENT_HASH.format(content=content)} AS "_content_hash",
-                       {cursor} AS "_cursor"
-                FROM "rows" {newest}
-            )
-            {classify}
-            """,
-            [files],
-        )
-        rows = self.con.execute('SELECT "_action", count(*) FROM "_stage" GROUP BY ALL').fetchall()
+        rows = self.con.execute('SELECT "_action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
         return dict(rows)
 
     def _apply(self, planned: Mapping[str, int]) -> None:
-        """Apply the staged actions; a statement with nothing to do is not run."""
+        """Apply the planned actions; a statement with nothing to do is not run.
+
+        A replaced version moves from clinical to the superseded history, closed when its
+        successor was extracted (an update) or when a snapshot missed it (a resurrection)."""
         cols = [*self.fields, EXTRAS, "_content_hash"]
         changed = [a for a in (INSERT, UPDATE, RESURRECT) if planned.get(a)]
         replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
-        if planned.get(UPDATE):
-            self.con.execute(
-                f"""UPDATE {self.history} AS h SET "_valid_to" = s."_extracted_at"
-                    FROM "_stage" AS s
-                    WHERE h.{self.key} = s.{self.key} AND h."_valid_to" IS NULL
-                      AND s."_action" = ?""",
-                [UPDATE],
-            )
         if not changed:
             return
-        self.con.execute(
-            f"""INSERT INTO {self.history} ({column_list(cols)}, "_valid_from", "_valid_to",
-                                            "_run_id")
-                SELECT {column_list(cols)}, "_extracted_at", NULL, "_run_id" FROM "_stage"
-                WHERE "_action" IN (SELECT unnest(?))""",
-            [changed],
-        )
+        if planned.get(SAME) or planned.get(STALE):  # `_stage` keeps only rows to write
+            self.con.execute(
+                'DELETE FROM "_stage" WHERE rowid IN '
+                '(SELECT "_row_id" FROM "_plan" WHERE "_action" IN (?, ?))',
+                [SAME, STALE],
+            )
+        planned_as = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:
             self.con.execute(
+                f"""INSERT INTO {self.superseded} ({column_list(cols)}, "_valid_from",
+                                                  "_valid_to", "_run_id")
+                    SELECT {column_list(cols, "c.")}, c."_extracted_at",
+                           coalesce(c."_deleted_at", s."_extracted_at"), c."_run_id"
+                    FROM {self.clinical} AS c JOIN {planned_as} AS s ON c.{self.key} = s.{self.key}""",
+                [replaced],
+            )
+            self.con.execute(
                 f"""DELETE FROM {self.clinical} WHERE {self.key} IN
-                    (SELECT {self.key} FROM "_stage" WHERE "_action" IN (SELECT unnest(?)))""",
+                    (SELECT {self.key} FROM {planned_as})""",
                 [replaced],
             )
         self.con.execute(
             f"""INSERT INTO {self.clinical} ({column_list(cols)}, "_extracted_at", "_synced_at",
                                              "_run_id", "_deleted_at")
                 SELECT {column_list(cols)}, "_extracted_at", now(), "_run_id", NULL
-                FROM "_stage" WHERE "_action" IN (SELECT unnest(?))""",
-            [changed],
+                FROM "_stage" """
         )
 
     def _mark_deleted(self) -> int:
@@ -600,16 +626,15 @@ class _Merge:
         self.con.execute(
             f"""CREATE TEMP TABLE "_gone" AS SELECT c.{self.key} AS "k" FROM {self.clinical} AS c
                 WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
-                  AND NOT EXISTS (SELECT 1 FROM "_seen" AS s WHERE s."k" = c.{self.key})
+                  AND NOT EXISTS (SELECT 1 FROM "_plan" AS s WHERE s.{self.key} = c.{self.key})
                   {rejected_keys}""",
             [self.snapshot_at, files] if files else [self.snapshot_at],
         )
-        for target, column in ((self.clinical, "_deleted_at"), (self.history, "_valid_to")):
-            self.con.execute(
-                f"""UPDATE {target} SET {quote(column)} = ? WHERE {quote(column)} IS NULL
-                    AND {self.key} IN (SELECT "k" FROM "_gone")""",
-                [self.snapshot_at],
-            )
+        self.con.execute(
+            f"""UPDATE {self.clinical} SET "_deleted_at" = ? WHERE "_deleted_at" IS NULL
+                AND {self.key} IN (SELECT "k" FROM "_gone")""",
+            [self.snapshot_at],
+        )
         (count,) = self.con.execute('SELECT count(*) FROM "_gone"').fetchone()
         self.con.execute('DROP TABLE "_gone"')
         return count
@@ -652,21 +677,6 @@ class _Merge:
                FROM "_batches" AS b WHERE b."new" """,
             [self.ent.name],
         )
-
-
-def _chunks(paths: Sequence[Path], infos: Sequence[BatchInfo], limit: int) -> Iterator[list[Path]]:
-    """Batches oldest first, in groups of about `limit` rows: memory stays bounded and a
-    later group, being newer, wins over an earlier one by the same rule as within a group."""
-    chunk: list[Path] = []
-    rows = 0
-    for info, path in sorted(zip(infos, paths, strict=True), key=lambda pair: pair[0].order):
-        if chunk and rows + info.rows > limit:
-            yield chunk
-            chunk, rows = [], 0
-        chunk.append(path)
-        rows += info.rows
-    if chunk:
-        yield chunk
 
 
 def _ranks(orders: Sequence[tuple[str, str, int]]) -> list[int]:
