@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from connectors.clinical_records.decode import decode_json
@@ -19,3 +21,18 @@ def test_an_integer_wider_than_64_bits_arrives_exactly():
 def test_a_body_that_is_not_json_raises_value_error(body):
     with pytest.raises(ValueError):
         decode_json(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": NaN, "b": -Infinity}',
+        b'{"note": "\\ud800 alone"}',
+        b'{"big": 1e400, "tiny": 5e-400}',
+        b'{"a": 1, "a": 2}',
+        b'{"text": "Zo\\u00eb \\ud83d\\ude00", "x": 0.1, "y": -0.0, "z": 1.7976931348623157e308}',
+    ],
+)
+def test_every_body_decodes_as_the_standard_library_decodes_it(body):
+    decoded = decode_json(body)
+    assert json.dumps(decoded, sort_keys=True) == json.dumps(json.loads(body), sort_keys=True)
