@@ -550,7 +550,11 @@ class _Merge:
         )
         if duplicated:
             self._keep_newest()
+        cursor = [self.ent.cursor] if self.ent.cursor else []
         current = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
+        narrow = column_list(
+            [self.ent.key, *cursor, "_extracted_at", "_deleted_at", "_content_hash"]
+        )
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_plan" AS
@@ -567,9 +571,7 @@ class _Merge:
                 ELSE '{SAME}'
               END AS "_action"
             FROM "_stage" AS s
-            LEFT JOIN (SELECT {self.key}, {current.removeprefix("c.")}, "_extracted_at",
-                              "_deleted_at", "_content_hash" FROM {self.clinical}) AS c
-              ON c.{self.key} = s.{self.key}
+            LEFT JOIN (SELECT {narrow} FROM {self.clinical}) AS c ON c.{self.key} = s.{self.key}
             """
         )
         rows = self.con.execute('SELECT "_action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
