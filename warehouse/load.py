@@ -593,19 +593,19 @@ class _Merge:
                 '(SELECT "_row_id" FROM "_plan" WHERE "_action" IN (?, ?))',
                 [SAME, STALE],
             )
-        planned_as = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
+        planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:
             self.con.execute(
                 f"""INSERT INTO {self.superseded} ({column_list(cols)}, "_valid_from",
                                                   "_valid_to", "_run_id")
                     SELECT {column_list(cols, "c.")}, c."_extracted_at",
                            coalesce(c."_deleted_at", s."_extracted_at"), c."_run_id"
-                    FROM {self.clinical} AS c JOIN {planned_as} AS s ON c.{self.key} = s.{self.key}""",
+                    FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
                 [replaced],
             )
             self.con.execute(
                 f"""DELETE FROM {self.clinical} WHERE {self.key} IN
-                    (SELECT {self.key} FROM {planned_as})""",
+                    (SELECT {self.key} FROM {planned_keys})""",
                 [replaced],
             )
         self.con.execute(
