@@ -170,30 +170,16 @@ def mark_absent(
 ) -> int:
     """For patients listed whole outside a full listing: their held documents the listing
     lacked are deleted at the source (`_deleted_at`, which closes their history). One
-    transaction."""
+    statement, so one transaction."""
     if not patients:
         return 0
-    con.execute("BEGIN TRANSACTION")
-    try:
-        gone = [
-            row[0]
-            for row in con.execute(
-                f'SELECT "id" FROM {DOCS_TABLE} WHERE "_deleted_at" IS NULL '
-                f'AND CAST("patient_id" AS VARCHAR) IN (SELECT unnest(CAST(? AS VARCHAR[]))) '
-                f'AND "id" NOT IN (SELECT unnest(CAST(? AS VARCHAR[]))) AND "_extracted_at" <= ?',
-                [list(patients), list(seen), at],
-            ).fetchall()
-        ]
-        con.execute(
-            f'UPDATE {DOCS_TABLE} SET "_deleted_at" = ? WHERE "_deleted_at" IS NULL '
-            f'AND "id" IN (SELECT unnest(CAST(? AS VARCHAR[])))',
-            [at, gone],
-        )
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return len(gone)
+    (marked,) = con.execute(
+        f'UPDATE {DOCS_TABLE} SET "_deleted_at" = ? WHERE "_deleted_at" IS NULL '
+        f'AND CAST("patient_id" AS VARCHAR) IN (SELECT unnest(CAST(? AS VARCHAR[]))) '
+        f'AND "id" NOT IN (SELECT unnest(CAST(? AS VARCHAR[]))) AND "_extracted_at" <= ?',
+        [at, list(patients), list(seen), at],
+    ).fetchone()
+    return marked
 
 
 # -- one run --------------------------------------------------------------------------------

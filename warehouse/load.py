@@ -75,24 +75,14 @@ class EntityStatus:
 # data; under this cap it spills to `<warehouse>.tmp` instead and memory stays flat.
 MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "128MB"
-_MEMORY_LIMIT_RE = re.compile(
-    r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE
-)
-_UNIT_BYTES = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def _size_bytes(value: str) -> float:
-    """A WAREHOUSE_MEMORY_LIMIT value in bytes; ConfigError names the variable otherwise."""
-    match = _MEMORY_LIMIT_RE.match(value)
-    if match is None:
-        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
-    return float(match.group(1)) * _UNIT_BYTES[match.group(2).lower()]
+_MEMORY_LIMIT_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$", re.IGNORECASE)
 
 
 def memory_limit() -> str:
-    """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it."""
+    """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it; ConfigError names it otherwise."""
     value = (os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT).strip()
-    _size_bytes(value)
+    if not _MEMORY_LIMIT_RE.match(value):
+        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
     return value
 
 
@@ -416,6 +406,7 @@ class _Merge:
         self.superseded = qualified(ddl.HISTORY, ddl.superseded_table(ent))
         self.key = quote(ent.key)
         self.fields = [f.name for f in ent.fields]
+        self.version = [*self.fields, *ddl.CONTENT_META]  # the columns a version consists of
         self.snapshot_at = max(i.extracted for i in infos)
 
     def run(self, snapshot: bool) -> LoadResult:
@@ -459,7 +450,7 @@ class _Merge:
         }
         table = pa.table(
             {
-                "file": [str(p) for p in self.paths],
+                "file": self.files,
                 "extracted_at": pa.array(
                     [i.extracted for i in self.infos], pa.timestamp("us", "UTC")
                 ),
@@ -528,13 +519,16 @@ class _Merge:
 
     def _insert_fresh(self) -> int:
         """Every row of the batches straight into clinical; returns how many."""
-        cols = column_list([*self.fields, EXTRAS, "_content_hash"])
+        return self._insert_clinical(f"({self._versions(ranked=False)})", [self.files])
+
+    def _insert_clinical(self, rows: str, params: Sequence[object] = ()) -> int:
+        """Insert `rows` (a relation of versions) as current, live rows; returns how many."""
+        columns = column_list(self.version)
         (inserted,) = self.con.execute(
-            f"""INSERT INTO {self.clinical} ({cols}, "_extracted_at", "_synced_at", "_run_id",
+            f"""INSERT INTO {self.clinical} ({columns}, "_extracted_at", "_synced_at", "_run_id",
                                              "_deleted_at")
-                SELECT {cols}, "_extracted_at", now(), "_run_id", NULL
-                FROM ({self._versions(ranked=False)})""",
-            [self.files],
+                SELECT {columns}, "_extracted_at", now(), "_run_id", NULL FROM {rows}""",
+            list(params),
         ).fetchone()
         return inserted
 
@@ -582,10 +576,8 @@ class _Merge:
 
         A replaced version moves from clinical to the superseded history, closed when its
         successor was extracted (an update) or when a snapshot missed it (a resurrection)."""
-        cols = [*self.fields, EXTRAS, "_content_hash"]
-        changed = [a for a in (INSERT, UPDATE, RESURRECT) if planned.get(a)]
         replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
-        if not changed:
+        if not (planned.get(INSERT) or replaced):
             return
         if planned.get(SAME) or planned.get(STALE):  # `_stage` keeps only rows to write
             self.con.execute(
@@ -596,9 +588,9 @@ class _Merge:
         planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:
             self.con.execute(
-                f"""INSERT INTO {self.superseded} ({column_list(cols)}, "_valid_from",
+                f"""INSERT INTO {self.superseded} ({column_list(self.version)}, "_valid_from",
                                                   "_valid_to", "_run_id")
-                    SELECT {column_list(cols, "c.")}, c."_extracted_at",
+                    SELECT {column_list(self.version, "c.")}, c."_extracted_at",
                            coalesce(c."_deleted_at", s."_extracted_at"), c."_run_id"
                     FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
                 [replaced],
@@ -608,12 +600,7 @@ class _Merge:
                     (SELECT {self.key} FROM {planned_keys})""",
                 [replaced],
             )
-        self.con.execute(
-            f"""INSERT INTO {self.clinical} ({column_list(cols)}, "_extracted_at", "_synced_at",
-                                             "_run_id", "_deleted_at")
-                SELECT {column_list(cols)}, "_extracted_at", now(), "_run_id", NULL
-                FROM "_stage" """
-        )
+        self._insert_clinical('"_stage"')
 
     def _mark_deleted(self) -> int:
         """A snapshot marks what it did not see (nor reject) and was extracted before it."""
@@ -625,21 +612,14 @@ class _Merge:
             if files
             else ""
         )
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_gone" AS SELECT c.{self.key} AS "k" FROM {self.clinical} AS c
+        (marked,) = self.con.execute(
+            f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
                 WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
                   AND NOT EXISTS (SELECT 1 FROM "_plan" AS s WHERE s.{self.key} = c.{self.key})
                   {rejected_keys}""",
-            [self.snapshot_at, files] if files else [self.snapshot_at],
-        )
-        self.con.execute(
-            f"""UPDATE {self.clinical} SET "_deleted_at" = ? WHERE "_deleted_at" IS NULL
-                AND {self.key} IN (SELECT "k" FROM "_gone")""",
-            [self.snapshot_at],
-        )
-        (count,) = self.con.execute('SELECT count(*) FROM "_gone"').fetchone()
-        self.con.execute('DROP TABLE "_gone"')
-        return count
+            [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
+        ).fetchone()
+        return marked
 
     def _reject_files(self) -> list[str]:
         return [
