@@ -58,13 +58,19 @@ def add_sandbox_options(
     parser.add_argument("--latency", type=float, default=latency)
 
 
+def sandbox_args(args: argparse.Namespace) -> list[str]:
+    """`clinical-sync sandbox` arguments for the options of `add_sandbox_options`."""
+    return [
+        *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"),
+        *("--burst", str(args.burst), "--latency", f"{args.latency:g}"),
+    ]
+
+
 @contextmanager
 def limited_sandbox(args: argparse.Namespace) -> Iterator[tuple[dict[str, str], Path]]:
     """A sandbox process at `args`' rate and latency, the client env configured at that same
     limit with its own limiter file, and a temporary folder for the run."""
-    sandbox_args = ["--scale", str(args.scale), "--rate", str(args.rate)]
-    sandbox_args += ["--burst", str(args.burst), "--latency", str(args.latency)]
-    with sandbox_process(*sandbox_args) as env, tempfile.TemporaryDirectory() as tmp:
+    with sandbox_process(*sandbox_args(args)) as env, tempfile.TemporaryDirectory() as tmp:
         yield (
             env
             | {

@@ -30,21 +30,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_sandbox_options, record, sandbox_args, sandbox_process
 from benchmarks.measure import (
     ProcessFigures,
-    SandboxControl,
     ServerFigures,
     child_env,
     console_script,
+    failure,
     last_json_line,
     minimum_pages,
     record_counts,
     run_measured,
     server_figures,
+    sync_env,
 )
 from benchmarks.truth import SetDiff, compare_warehouse, key_types, summary, type_drift
 from connectors.clinical_records.catalogue import BY_NAME, Canonical, Strategy
+from connectors.sandbox.control import SandboxControl
 
 HERE = Path(__file__).resolve().parent
 OURS, DLT = "ours", "dlt"
@@ -113,17 +115,7 @@ class Workspace:
     def ours_env(self, sandbox: Mapping[str, str], rate: float, burst: int) -> dict[str, str]:
         ours = self.root / "ours"
         ours.mkdir(parents=True, exist_ok=True)
-        return child_env(
-            {
-                **sandbox,
-                "WAREHOUSE_PATH": str(self.ours_warehouse),
-                "LAKE_ROOT": str(ours / "lake"),
-                "DAGSTER_HOME": str(ours / "dagster"),
-                "CLINICAL_RATE_LIMIT": f"{rate:g}",
-                "CLINICAL_BURST": str(burst),
-                "CLINICAL_LIMITER_PATH": str(ours / "limiter.sqlite"),
-            }
-        )
+        return sync_env(sandbox, ours, rate, burst)
 
     def dlt_env(self, sandbox: Mapping[str, str]) -> dict[str, str]:
         (self.root / "dlt").mkdir(parents=True, exist_ok=True)
@@ -188,8 +180,7 @@ def measured(
     process = run_measured(cmd, env, cwd)
     server = server_figures(before, control.stats())
     if process.returncode != 0 and tool == OURS:
-        tail = "\n".join(process.stderr.strip().splitlines()[-15:])
-        raise SystemExit(f"{tool} {phase} run failed (exit {process.returncode}):\n{tail}")
+        raise failure(f"{tool} {phase} run", process)
     diffs = compare_warehouse(warehouse, control.truth(), live_only=tool == OURS)
     run = ToolRun(tool, phase, process, server, diffs)
     if warehouse.exists():
@@ -276,11 +267,8 @@ def comparison(ours: ToolRun, dlt: ToolRun) -> dict[str, float | None]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=10)
+    add_sandbox_options(parser, scale=10, latency=0.3)
     parser.add_argument("--quick", action="store_true", help="scale 1 (about a minute per tool)")
-    parser.add_argument("--rate", type=float, default=5)
-    parser.add_argument("--burst", type=int, default=10)
-    parser.add_argument("--latency", type=float, default=0.3)
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--no-deletes", action="store_true", help="mutate without hard deletes")
     parser.add_argument("--no-reconcile", action="store_true", help="skip our closing sync --full")
@@ -303,11 +291,8 @@ def mutation(no_deletes: bool) -> dict[str, float]:
 
 def benchmark(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     space = Workspace(root)
-    sandbox_args = ["--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"]
-    sandbox_args += ["--burst", str(args.burst), "--latency", f"{args.latency:g}"]
-    sandbox_args += ["--jitter", f"{args.jitter:g}"]
-    with sandbox_process(*sandbox_args) as sandbox:
-        control = SandboxControl(sandbox)
+    with sandbox_process(*sandbox_args(args), "--jitter", f"{args.jitter:g}") as sandbox:
+        control = SandboxControl.from_env(sandbox)
         counts = record_counts(control.truth())
         pages = minimum_pages(counts)
         floor = pages / args.rate

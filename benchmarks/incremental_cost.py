@@ -11,21 +11,13 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record, sandbox_process
 from connectors.clinical_records.catalogue import ENTITY_SETS, Strategy
+from connectors.sandbox.control import SandboxControl
 from pipelines.runner import SyncReport, sync
-
-
-def origin(url: str) -> str:
-    """The sandbox's test controls live at its origin, off the API's paths."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 def requests_of(report: SyncReport, name: str) -> int:
@@ -48,18 +40,12 @@ def main() -> int:
         paths = {"lake_root": f"{d}/lake", "warehouse_path": f"{d}/warehouse.duckdb"}
         full = sync(env, log_level="WARNING", **paths)
         assert full.success, full.failure
-        response = httpx.post(
-            f"{origin(env['CLINICAL_API_BASE_URL'])}/_sandbox/advance",
-            headers={"x-api-key": env["CLINICAL_API_KEY"]},
-            json={
-                "seconds": 86400,
-                "insert_fraction": args.change,
-                "update_fraction": args.change,
-                "delete_fraction": args.change / 5,
-            },
-            timeout=60,
+        SandboxControl.from_env(env).advance(
+            seconds=86400,
+            insert_fraction=args.change,
+            update_fraction=args.change,
+            delete_fraction=args.change / 5,
         )
-        response.raise_for_status()
         nightly = sync(env, log_level="WARNING", **paths)
         assert nightly.success, nightly.failure
 

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record
+from benchmarks.measure import last_json_line
 from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
 from connectors.clinical_records.decode import decode_json
 
@@ -273,7 +274,7 @@ def in_child(engine: str, work: Path, args: argparse.Namespace) -> dict[str, dic
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return last_json_line(done.stdout)
 
 
 def main() -> None:

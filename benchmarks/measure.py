@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, PAGE_SIZE
@@ -111,35 +110,6 @@ def run_measured(
     )
 
 
-class SandboxControl:
-    """The sandbox's test controls (`{origin}/_sandbox/...`), authorised by the API key."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        base = env["CLINICAL_API_BASE_URL"]
-        self.origin = base[: base.rindex("/")]  # strip the API prefix
-        self._headers = {"x-api-key": env["CLINICAL_API_KEY"]}
-
-    def _call(self, method: str, action: str, body: Mapping[str, Any] | None = None) -> Any:
-        response = httpx.request(
-            method,
-            f"{self.origin}/_sandbox/{action}",
-            headers=self._headers,
-            json=dict(body) if body is not None else None,
-            timeout=120,
-        )
-        response.raise_for_status()
-        return response.json()
-
-    def stats(self) -> dict[str, int]:
-        return self._call("GET", "stats")
-
-    def truth(self) -> dict[str, list[dict[str, Any]]]:
-        return self._call("GET", "truth")
-
-    def advance(self, **body: float) -> dict[str, dict[str, int]]:
-        return self._call("POST", "advance", body)
-
-
 @dataclass
 class ServerFigures:
     """What the sandbox counted for one run: the difference of two `stats` readings."""
@@ -189,6 +159,28 @@ def last_json_line(text: str) -> dict[str, Any]:
         if line.startswith("{"):
             return json.loads(line)
     raise ValueError("no JSON summary line in the output")
+
+
+def sync_env(sandbox: Mapping[str, str], root: Path, rate: float, burst: int) -> dict[str, str]:
+    """`clinical-sync sync` in a child process against `sandbox`: its warehouse, lake, Dagster
+    home and limiter file under `root`, the client limited to `rate` and `burst`."""
+    return child_env(
+        {
+            **sandbox,
+            "WAREHOUSE_PATH": str(root / "warehouse.duckdb"),
+            "LAKE_ROOT": str(root / "lake"),
+            "DAGSTER_HOME": str(root / "dagster"),
+            "CLINICAL_RATE_LIMIT": f"{rate:g}",
+            "CLINICAL_BURST": str(burst),
+            "CLINICAL_LIMITER_PATH": str(root / "limiter.sqlite"),
+        }
+    )
+
+
+def failure(what: str, run: ProcessFigures, lines: int = 15) -> SystemExit:
+    """Stop the benchmark: `what` failed; the last lines of its stderr say why."""
+    tail = "\n".join(run.stderr.strip().splitlines()[-lines:])
+    return SystemExit(f"{what} failed (exit {run.returncode}):\n{tail}")
 
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:

@@ -16,14 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_sandbox_options, limited_sandbox, record
 from connectors.clinical_records.catalogue import APPOINTMENTS
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.settings import Settings
+from connectors.sandbox.control import SandboxControl
 
 
 def main() -> None:
@@ -37,10 +36,7 @@ def main() -> None:
             records = sum(len(page.records) for page in client.iter_pages(APPOINTMENTS))
             elapsed = time.monotonic() - started
             stats = client.stats.as_dict()
-        server = httpx.get(
-            f"{env['CLINICAL_API_BASE_URL']}/_sandbox/stats".replace("/api/_sandbox", "/_sandbox"),
-            headers={"x-api-key": env["CLINICAL_API_KEY"]},
-        ).json()
+        server = SandboxControl.from_env(env).stats()
     requests = stats["requests"]
     achieved = requests / elapsed
     figures = {

@@ -23,17 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import duckdb
 
 from benchmarks.common import record, sandbox_process
-from benchmarks.measure import (
-    SandboxControl,
-    child_env,
-    console_script,
-    run_measured,
-    server_figures,
-)
+from benchmarks.measure import console_script, failure, run_measured, server_figures, sync_env
 from benchmarks.truth import compare_warehouse, summary
 from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.sandbox.control import SandboxControl
 
-UNLIMITED = {"CLINICAL_RATE_LIMIT": "1000", "CLINICAL_BURST": "1000"}
+UNLIMITED = 1000  # requests per second and burst: the rate limit off
 
 
 def loaded_records(warehouse: Path) -> int:
@@ -47,23 +42,13 @@ def loaded_records(warehouse: Path) -> int:
 def one_scale(scale: float, root: Path, check: bool) -> dict[str, Any]:
     """A full sync at `scale` into a fresh warehouse; its cost, and its match with the truth."""
     with sandbox_process("--scale", f"{scale:g}") as sandbox:
-        control = SandboxControl(sandbox)
-        env = child_env(
-            {
-                **sandbox,
-                **UNLIMITED,
-                "WAREHOUSE_PATH": str(root / "warehouse.duckdb"),
-                "LAKE_ROOT": str(root / "lake"),
-                "DAGSTER_HOME": str(root / "dagster"),
-                "CLINICAL_LIMITER_PATH": str(root / "limiter.sqlite"),
-            }
-        )
+        control = SandboxControl.from_env(sandbox)
+        env = sync_env(sandbox, root, rate=UNLIMITED, burst=UNLIMITED)
         before = control.stats()
         run = run_measured([console_script("clinical-sync"), "sync", "--full"], env, root)
         server = server_figures(before, control.stats())
         if run.returncode != 0:
-            tail = "\n".join(run.stderr.strip().splitlines()[-10:])
-            raise SystemExit(f"sync at scale {scale:g} failed:\n{tail}")
+            raise failure(f"sync at scale {scale:g}", run)
         warehouse = root / "warehouse.duckdb"
         equal = summary(compare_warehouse(warehouse, control.truth())) if check else "not checked"
         records = loaded_records(warehouse)

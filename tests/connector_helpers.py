@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Query
@@ -31,8 +29,4 @@ def read_ids(client: ClinicalClient, entity: EntitySet, query: Query | None = No
 
 
 def truth_ids(server: SandboxServer, entity: EntitySet) -> set:
-    response = httpx.get(
-        f"{server.origin}/_sandbox/truth", headers={"x-api-key": server.config.api_key}
-    )
-    response.raise_for_status()
-    return {record[entity.key] for record in response.json()[entity.name]}
+    return {record[entity.key] for record in server.control().truth()[entity.name]}

@@ -13,7 +13,6 @@ import pytest
 
 from benchmarks.e2e_vs_dlt import parse_sync_table
 from benchmarks.measure import (
-    SandboxControl,
     child_env,
     last_json_line,
     minimum_pages,
@@ -79,7 +78,7 @@ def test_dlt_side_loads_the_truth_then_keeps_deleted_rows(
     fresh_sandbox: SandboxServer, tmp_path: Path
 ) -> None:
     env = child_env(fresh_sandbox.env())
-    control = SandboxControl(env)
+    control = fresh_sandbox.control()
     warehouse = tmp_path / "dlt.duckdb"
     cmd = [sys.executable, str(DLT_SOURCE), "--duckdb", str(warehouse)]
     cmd += ["--pipelines-dir", str(tmp_path / "pipelines")]

@@ -13,6 +13,7 @@ import uvicorn
 
 from connectors.sandbox.app import API_PREFIX, AUTH_PREFIX, Sandbox
 from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.store import Store
 
 HOST = "127.0.0.1"
@@ -80,6 +81,10 @@ class SandboxServer:
             env["CLINICAL_RATE_LIMIT"] = f"{c.rate:g}"
             env["CLINICAL_BURST"] = str(c.burst)
         return env
+
+    def control(self) -> SandboxControl:
+        """This sandbox's test controls, over HTTP."""
+        return SandboxControl(self.origin, self.config.api_key)
 
     def configure(self, **changes: Any) -> None:
         """Change faults or limits while serving (see SandboxConfig.RUNTIME)."""

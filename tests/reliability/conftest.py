@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -112,18 +111,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 def sandbox_config(seed: int, scale: float = BASE_SCALE, **values: object) -> SandboxConfig:
     return SandboxConfig(seed=seed, scale=scale * SIZE, **values)  # type: ignore[arg-type]
-
-
-def control(server: SandboxServer, action: str, body: dict | None = None) -> dict:
-    """A sandbox test control (`{origin}/_sandbox/<action>`), over HTTP like any client."""
-    url = f"{server.origin}/_sandbox/{action}"
-    headers = {"x-api-key": server.config.api_key}
-    if body is None:
-        response = httpx.get(url, headers=headers, timeout=60)
-    else:
-        response = httpx.post(url, headers=headers, json=body, timeout=60)
-    response.raise_for_status()
-    return response.json()
 
 
 @dataclass

@@ -11,7 +11,6 @@ from tests.reliability.conftest import (
     assert_lake_sound,
     assert_matches,
     compare,
-    control,
     sandbox_config,
     truth,
 )
@@ -62,7 +61,7 @@ def test_parallel_extractions_stay_within_the_shared_rate_limit(tmp_path, ledger
         ]
         for proc, target, _ in procs:
             assert proc.wait(timeout=300) == 0, (target.root / "sync.log").read_text()
-        stats = control(server, "stats")
+        stats = server.control().stats()
         assert stats.get("status_429_sent", 0) == 0, stats
         requests = stats["requests"]
         assert requests > 4 * rate, stats  # seconds of sustained full rate

@@ -11,7 +11,6 @@ from tests.reliability.conftest import (
     assert_matches,
     canonical,
     compare,
-    control,
     live,
     sandbox_config,
     truth,
@@ -43,7 +42,7 @@ def stable_records(before: dict[str, list[dict]], after: dict[str, list[dict]]):
 def test_full_then_incremental_sync_under_faults_equal_the_source(tmp_path, ledger):
     with SandboxServer(sandbox_config(seed=41, scale=0.15, fault_seed=3)) as server:
         target = Target(server, tmp_path)
-        control(server, "faults", {**FAULTS, "drift_every": DRIFT_EVERY})
+        server.control().faults(**FAULTS, drift_every=DRIFT_EVERY)
 
         # 1. A full sync while the source drifts: every record that stayed put is held.
         before = truth(server)
@@ -60,16 +59,9 @@ def test_full_then_incremental_sync_under_faults_equal_the_source(tmp_path, ledg
         assert held > 0.8 * sum(len(after[e.name]) for e in ENTITY_SETS)
 
         # 2. A day of changes, then an incremental sync under the same faults, no drift.
-        control(server, "faults", {"drift_every": 0})
-        changes = control(
-            server,
-            "advance",
-            {
-                "seconds": 86400,
-                "insert_fraction": 0.02,
-                "update_fraction": 0.02,
-                "delete_fraction": 0.01,
-            },
+        server.control().faults(drift_every=0)
+        changes = server.control().advance(
+            seconds=86400, insert_fraction=0.02, update_fraction=0.02, delete_fraction=0.01
         )
         assert sum(c["deleted"] for c in changes.values()) > 0
         report = target.sync_in_process()
@@ -78,7 +70,7 @@ def test_full_then_incremental_sync_under_faults_equal_the_source(tmp_path, ledg
         # record; created-only sets every new one (DESIGN.md, incremental sync).
         assert_matches(compare(target, exact=False), ledger)
 
-        stats = control(server, "stats")
+        stats = server.control().stats()
         ledger.add_faults(stats)
         injected = {k: v for k, v in stats.items() if k.startswith("injected_")}
         assert injected.get("injected_error", 0) > 0, stats

@@ -14,7 +14,6 @@ from tests.reliability.conftest import (
     Target,
     assert_matches,
     compare,
-    control,
     sandbox_config,
     truth,
 )
@@ -44,7 +43,7 @@ def good_claim(template: dict, key: int, **changes: object) -> dict:
 
 
 def plant(server: SandboxServer, name: str, record: dict) -> None:
-    control(server, "plant", {"entity": name, "record": record})
+    server.control().plant(name, record)
 
 
 def test_hostile_records_are_rejected_or_kept_and_good_rows_land(tmp_path, ledger):
@@ -62,11 +61,11 @@ def test_hostile_records_are_rejected_or_kept_and_good_rows_land(tmp_path, ledge
             plant(server, "Claims", good_claim(template, key, additional_info=HUGE_TEXT))
         long_name = dict(truth(server)["Patients"][0], id="990001", first_name="N" * 60)
         plant(server, "Patients", long_name)
-        control(server, "faults", {"garble_rate": 0.15})  # 200s with cut or non-JSON bodies
+        server.control().faults(garble_rate=0.15)  # 200s with cut or non-JSON bodies
 
         target = Target(server, tmp_path)
         report = target.sync_in_process(only=["Claims", "Patients"])
-        stats = control(server, "stats")
+        stats = server.control().stats()
         ledger.add_faults(stats)
         assert stats.get("injected_garble", 0) > 0, stats
 
