@@ -255,6 +255,8 @@ def sync_documents(
     for event in result.get_asset_materialization_events():
         figures.update(_values(event.materialization.metadata))
     failure = None if result.success else first_failure(result.all_events)
+    if failure is not None:
+        mark_failed(warehouse_path, result.run_id, failure, env)
     return DocumentsRun(result.run_id, result.success, figures, failure)
 
 

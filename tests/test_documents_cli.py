@@ -137,3 +137,12 @@ def test_documents_sync_lists_every_document_into_the_warehouse(
         }
     assert held == truth and len(truth) > 1
     assert not any(doc in out + err for doc in truth)  # ids are data, not log lines
+
+    monkeypatch.setenv("CLINICAL_CLIENT_SECRET", "not-the-secret-5c2d")
+    code, _, err = run(capsys, "sync", "--full")
+    assert code == 1 and "invalid_client" in err
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        runs = con.execute('SELECT "status", "message" FROM "ops"."sync_runs"').fetchall()
+    failed = [message for status, message in runs if status == "failed"]
+    assert len(failed) == 1 and "invalid_client" in failed[0]
+    assert "not-the-secret-5c2d" not in failed[0] + err
