@@ -148,27 +148,6 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
     return extract_entity
 
 
-def _record_run(wh: Warehouse, context: AssetExecutionContext, full: bool, result: LoadResult):
-    """Keep `ops.sync_runs` current: the run's row, with this load's figures added."""
-    row = wh.con.execute(
-        'SELECT "fetched", "inserted", "updated", "soft_deleted", "rejected" '
-        'FROM "ops"."sync_runs" WHERE "run_id" = ?',
-        [context.run.run_id],
-    ).fetchone()
-    if row is None:
-        wh.record_run(context.run.run_id, _selected_entities(context), full_snapshot=full)
-        row = (0, 0, 0, 0, 0)
-    fetched, inserted, updated, deleted, rejected = (int(v or 0) for v in row)
-    so_far = LoadResult(
-        fetched=fetched,
-        inserted=inserted,
-        updated=updated,
-        soft_deleted=deleted,
-        rejected=rejected,
-    )
-    wh.finish_run(context.run.run_id, "success", {"total": so_far + result})
-
-
 def build_load_asset(entity: EntitySet) -> AssetsDefinition:
     @asset(
         key=table_key(entity),
@@ -201,7 +180,12 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                     snapshot=extraction.snapshot,
                     watermark=extraction.watermark,
                 )
-            _record_run(wh, context, sync_options.full, result)
+            wh.add_to_run(
+                context.run.run_id,
+                _selected_entities(context),
+                result,
+                full_snapshot=sync_options.full,
+            )
             results = checks.table_check_results(
                 wh.con,
                 entity,

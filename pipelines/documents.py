@@ -255,6 +255,8 @@ def sync_documents(
             )
             scoped = () if plan.full else plan.whole
             absent = mark_absent(wh.con, scoped, listing.whole_ids, extracted_at)
+            listed = loaded + LoadResult(soft_deleted=absent)
+            wh.add_to_run(run_id, [DOCUMENTS.name], listed, full_snapshot=plan.full)
             store = content_store(lake_root)
             todo = content_todo(wh.con, store) if options.download_content else []
         release_notes(notes)

@@ -138,6 +138,14 @@ def test_documents_sync_lists_every_document_into_the_warehouse(
     assert held == truth and len(truth) > 1
     assert not any(doc in out + err for doc in truth)  # ids are data, not log lines
 
+    listed = out.split("run ")[-1].strip()
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        (row,) = con.execute(
+            'SELECT "status", "entities", "fetched" FROM "ops"."sync_runs" WHERE "run_id" = ?',
+            [listed],
+        ).fetchall()
+    assert row == ("success", ["Documents"], len(truth))
+
     monkeypatch.setenv("CLINICAL_CLIENT_SECRET", "not-the-secret-5c2d")
     code, _, err = run(capsys, "sync", "--full")
     assert code == 1 and "invalid_client" in err

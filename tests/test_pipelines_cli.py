@@ -52,6 +52,9 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
             (rows,) = con.execute(f'SELECT count(*) FROM "clinical"."{ent.table}"').fetchone()
             assert rows <= counts[ent.name] and rows >= counts[ent.name] * 0.95, ent.name
 
+        (entities,) = con.execute('SELECT "entities" FROM "ops"."sync_runs"').fetchone()
+    assert sorted(entities) == sorted(e.name for e in ENTITY_SETS)  # one row for the run
+
     status = run(["status"], operator_env, tmp_path)
     assert status.returncode == 0, status.stderr
     assert "Claims" in status.stdout and "watermark" in status.stdout

@@ -226,6 +226,16 @@ def test_runs_are_recorded(harness):
     ) == [("success", 1, True)]
 
 
+def test_a_run_of_several_loads_keeps_one_row_with_every_set_and_the_sums(harness):
+    claims = harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)])
+    harness.wh.add_to_run("r2", ["Claims"], claims, full_snapshot=True)
+    patients = harness.sync(PATIENTS, [record(PATIENTS, 7)])
+    harness.wh.add_to_run("r2", ["Claims", "Patients"], patients)
+    assert harness.rows(
+        'SELECT "status", "entities", "full_snapshot", "fetched", "inserted" FROM "ops"."sync_runs"'
+    ) == [("success", ["Claims", "Patients"], True, 3, 3)]
+
+
 def test_canonical_types_of_the_catalogue_are_the_table_types(harness):
     types = dict(
         harness.rows(

@@ -40,7 +40,7 @@ from warehouse.schema import EXTRAS
 __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
 
 LOCK_WORDS = ("could not set lock", "conflicting lock")
-FAILED = "failed"
+SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 
 
 @dataclass(frozen=True)
@@ -273,6 +273,41 @@ class Warehouse:
                 run_id,
             ],
         )
+
+    def add_to_run(
+        self,
+        run_id: str,
+        entities: Iterable[str],
+        result: LoadResult,
+        *,
+        full_snapshot: bool = False,
+    ) -> None:
+        """Add a committed load's figures to its run's row, created by the run's first load;
+        a run of several loads (entity sets, documents) keeps one row that names them all."""
+        sets = list(entities)
+        row = self.con.execute(
+            'SELECT "entities", "fetched", "inserted", "updated", "soft_deleted", "rejected" '
+            'FROM "ops"."sync_runs" WHERE "run_id" = ?',
+            [run_id],
+        ).fetchone()
+        if row is None:
+            self.record_run(run_id, sets, full_snapshot=full_snapshot)
+            row = (sets, 0, 0, 0, 0, 0)
+        held, *figures = row
+        if missing := [name for name in sets if name not in held]:
+            self.con.execute(
+                'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',
+                [[*held, *missing], run_id],
+            )
+        fetched, inserted, updated, deleted, rejected = (int(v or 0) for v in figures)
+        so_far = LoadResult(
+            fetched=fetched,
+            inserted=inserted,
+            updated=updated,
+            soft_deleted=deleted,
+            rejected=rejected,
+        )
+        self.finish_run(run_id, SUCCESS, {"total": so_far + result})
 
     def fail_run(self, run_id: str, message: str, entities: Iterable[str] = ()) -> None:
         """Mark a run failed, keeping what its finished loads recorded; a run that failed
