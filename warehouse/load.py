@@ -445,6 +445,7 @@ class _Merge:
         self.fields = [f.name for f in ent.fields]
         self.version = [*self.fields, *ddl.CONTENT_META]  # the columns a version consists of
         self.snapshot_at = max(i.extracted for i in infos)
+        self.present = _columns_in(paths)  # older batches may lack newer columns
 
     def run(self, snapshot: bool) -> LoadResult:
         new = self._register_batches()
@@ -523,12 +524,13 @@ class _Merge:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
         `ranked` adds where each row is (file, row number) and the batch order, which name
         a row and break ties between versions."""
-        present = _columns_in(self.paths)
         select = ", ".join(
-            f"s.{quote(name)}" if name in present else f"NULL::{kind} AS {quote(name)}"
+            f"s.{quote(name)}" if name in self.present else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
         )
-        extras = f"s.{quote(EXTRAS)}" if EXTRAS in present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
+        extras = (
+            f"s.{quote(EXTRAS)}" if EXTRAS in self.present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
+        )
         content = column_list([*self.fields, EXTRAS])
         cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
         rank = (
