@@ -110,6 +110,22 @@ def test_snapshot_soft_deletes_what_it_misses_and_resurrects_what_returns(harnes
     assert harness.rows('SELECT count(*) FROM "history"."claims" WHERE "id" = 2') == [(2,)]
 
 
+def test_a_batch_extracted_before_the_deleting_snapshot_does_not_bring_a_record_back(harness):
+    # Two runs overlapped: the snapshot that saw claim 2 gone (day 1) loaded before an
+    # incremental batch extracted earlier (day 0, which still had it), or a batch is loaded again.
+    first = harness.write(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)], day=0)
+    late = harness.write(CLAIMS, [record(CLAIMS, 2, total_claim_amount="9")], day=0)
+    harness.wh.load(CLAIMS, [first], run_id="r1")
+    assert harness.sync(CLAIMS, [record(CLAIMS, 1)], day=1, snapshot=True).soft_deleted == 1
+    for batch in (first, late):
+        result = harness.wh.load(CLAIMS, [batch], run_id="again")
+        assert (result.resurrected, result.updated) == (0, 0)
+    assert harness.rows(
+        'SELECT "id", "total_claim_amount"::VARCHAR, "_deleted_at" IS NOT NULL '
+        'FROM "clinical"."claims" ORDER BY 1'
+    ) == [(1, "1.5000", False), (2, "2.5000", True)]
+
+
 def test_a_rejected_record_in_a_snapshot_is_not_marked_deleted(harness):
     harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)], snapshot=True)
     result = harness.sync(

@@ -582,6 +582,10 @@ class _Merge:
         number, row number), its cursor and its content hash; `_plan`: what happens to each
         key (`_action`). Returns how many keys get each action.
 
+        A version newer than the current one (by cursor, else by extraction time) replaces
+        it, but not a deletion seen after the version was extracted: runs may load out of
+        order, and a batch may be loaded again, and neither may bring back a deleted record.
+
         Both hold narrow rows only: no wide row is written twice, and every join's hash
         table stays small under the memory cap.
         """
@@ -605,6 +609,7 @@ class _Merge:
             SELECT s."_file", s."_row", s.{self.key}, s."_extracted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
+                WHEN s."_extracted_at" <= c."_deleted_at" THEN '{STALE}'
                 WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
                                     AND s."_cursor" <> {current}
                                THEN s."_cursor" > {current}
