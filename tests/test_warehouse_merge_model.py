@@ -1,0 +1,181 @@
+"""The merge against a model of its rules, on random sequences of loads.
+
+Each load holds a few batches (extracted on a few days, in any order relative to earlier
+loads), keys repeat within and across batches, cursors tie, go back or are missing, and a
+load may be a snapshot. After every load `clinical`, the superseded history and the load's
+counts must be what the rules below say; the example tests show each rule alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from connectors.clinical_records.catalogue import CLAIMS
+from tests.warehouse_records import Harness, record
+from warehouse.lake import Lake
+from warehouse.load import LoadResult
+
+Row = tuple[int, date | None, str]  # key, cursor (updated_at), content (total_claim_amount)
+
+
+@dataclass(frozen=True)
+class Version:
+    cursor: date | None
+    amount: str
+    extracted: datetime
+    deleted: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    key: int
+    version: Version
+    rank: tuple  # the load's tie-break: cursor (nulls last), extraction, batch, row
+
+
+class Model:
+    """The merge's rules in plain Python: newest version per key in the load, then compared
+    with the current row by cursor (or extraction time when a cursor is missing or equal)."""
+
+    def __init__(self) -> None:
+        self.current: dict[int, Version] = {}
+        self.superseded: list[tuple[int, date | None, str, datetime, datetime]] = []
+
+    def load(self, batches: list[tuple[datetime, list[Row]]], snapshot: bool) -> LoadResult:
+        newest: dict[int, Candidate] = {}
+        ordered = sorted(batches, key=lambda b: b[0])
+        for order, (extracted, rows) in enumerate(ordered):
+            for row_number, (key, cursor, amount) in enumerate(rows):
+                rank = (cursor is not None, cursor or date.min, extracted, order, row_number)
+                seen = Candidate(key, Version(cursor, amount, extracted), rank)
+                if key not in newest or seen.rank > newest[key].rank:
+                    newest[key] = seen
+        counts = dict.fromkeys(("inserted", "updated", "unchanged", "resurrected"), 0)
+        for key, seen in newest.items():
+            new, held = seen.version, self.current.get(key)
+            if held is None:
+                counts["inserted"] += 1
+                self.current[key] = new
+                continue
+            if held.deleted and new.extracted <= held.deleted:
+                newer = False  # the deletion was seen after this version was extracted
+            elif new.cursor and held.cursor and new.cursor != held.cursor:
+                newer = new.cursor > held.cursor
+            else:
+                newer = new.extracted >= held.extracted
+            same = held.deleted is None and (new.cursor, new.amount) == (held.cursor, held.amount)
+            if not newer or same:
+                counts["unchanged"] += 1
+            else:
+                counts["resurrected" if held.deleted else "updated"] += 1
+                closed = held.deleted or new.extracted
+                self.superseded.append(
+                    (key, held.cursor, held.amount, held.extracted, closed),
+                )
+                self.current[key] = new
+        deleted = 0
+        if snapshot:
+            at = max(extracted for extracted, _ in batches)
+            for key, held in self.current.items():
+                if key not in newest and held.deleted is None and held.extracted <= at:
+                    self.current[key] = replace(held, deleted=at)
+                    deleted += 1
+        fetched = sum(len(rows) for _, rows in batches)
+        return LoadResult(fetched=fetched, soft_deleted=deleted, **counts)
+
+
+keys = st.integers(min_value=1, max_value=3)
+cursors = st.sampled_from([None, date(2026, 1, 1), date(2026, 1, 2), date(2026, 1, 3)])
+amounts = st.sampled_from(["1", "2", "3"])
+rows = st.lists(st.tuples(keys, cursors, amounts), max_size=4)
+batch = st.tuples(st.integers(min_value=0, max_value=2), rows)  # (day extracted, rows)
+loads = st.lists(
+    st.tuples(st.lists(batch, min_size=1, max_size=3), st.booleans()), min_size=2, max_size=5
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(loads)
+@example(  # a snapshot misses a record, then a newer batch brings it back
+    [
+        ([(0, [(1, date(2026, 1, 1), "1")])], False),
+        ([(1, [(2, None, "1")])], True),
+        ([(2, [(1, date(2026, 1, 1), "2")])], False),
+    ]
+)
+@example(  # a batch extracted before the snapshot that deleted its record loads after it
+    [
+        ([(0, [(1, None, "1")])], False),
+        ([(1, [(2, None, "1")])], True),
+        ([(0, [(1, date(2026, 1, 3), "2")])], False),
+    ]
+)
+def test_every_load_leaves_what_the_rules_say(sequence):
+    with tempfile.TemporaryDirectory() as root:
+        harness = Harness(Path(root), entities=[CLAIMS])
+        model = Model()
+        try:
+            for batches, snapshot in sequence:
+                written: list[tuple[datetime, list[Row]]] = []
+                paths = []
+                for day, batch_rows in batches:
+                    records = [
+                        record(
+                            CLAIMS,
+                            key,
+                            updated_at=cursor and cursor.isoformat(),
+                            total_claim_amount=amount,
+                        )
+                        for key, cursor, amount in batch_rows
+                    ]
+                    path = harness.write(CLAIMS, records, day=day, snapshot=snapshot)
+                    paths.append(path)
+                    written.append(
+                        (datetime.fromisoformat(Lake.info(path).extracted_at), batch_rows)
+                    )
+                result = harness.wh.load(CLAIMS, paths, run_id="r", snapshot=snapshot)
+                expected = model.load(written, snapshot)
+                for kind in ("updated", "unchanged", "soft_deleted", "resurrected"):
+                    if getattr(expected, kind):
+                        event(f"a load with rows {kind}")
+                assert result == expected
+                assert current(harness) == Counter(
+                    (key, v.cursor, Decimal(v.amount), v.extracted, v.deleted)
+                    for key, v in model.current.items()
+                )
+                assert superseded(harness) == Counter(
+                    (key, cursor, Decimal(amount), since, until)
+                    for key, cursor, amount, since, until in model.superseded
+                )
+        finally:
+            harness.close()
+
+
+def current(harness: Harness) -> Counter[tuple]:
+    return Counter(
+        harness.rows(
+            'SELECT "id", "updated_at", "total_claim_amount", "_extracted_at", "_deleted_at" '
+            'FROM "clinical"."claims"'
+        )
+    )
+
+
+def superseded(harness: Harness) -> Counter[tuple]:
+    return Counter(
+        harness.rows(
+            'SELECT "id", "updated_at", "total_claim_amount", "_valid_from", "_valid_to" '
+            'FROM "history"."claims_superseded"'
+        )
+    )
