@@ -117,13 +117,20 @@ def test_a_batch_extracted_before_the_deleting_snapshot_does_not_bring_a_record_
     late = harness.write(CLAIMS, [record(CLAIMS, 2, total_claim_amount="9")], day=0)
     harness.wh.load(CLAIMS, [first], run_id="r1")
     assert harness.sync(CLAIMS, [record(CLAIMS, 1)], day=1, snapshot=True).soft_deleted == 1
-    for batch in (first, late):
-        result = harness.wh.load(CLAIMS, [batch], run_id="again")
-        assert (result.resurrected, result.updated) == (0, 0)
+    again = harness.wh.load(CLAIMS, [first], run_id="again")
+    assert (again.resurrected, again.updated, again.unchanged) == (0, 0, 2)
+    changed = harness.wh.load(CLAIMS, [late], run_id="late")
+    assert (changed.resurrected, changed.updated) == (0, 1)  # its content, still deleted
     assert harness.rows(
         'SELECT "id", "total_claim_amount"::VARCHAR, "_deleted_at" IS NOT NULL '
         'FROM "clinical"."claims" ORDER BY 1'
-    ) == [(1, "1.5000", False), (2, "2.5000", True)]
+    ) == [(1, "1.5000", False), (2, "9.0000", True)]
+    # As if the loads had committed in extraction order: the older version closed when the
+    # newer was extracted, the newer one closed by the deletion.
+    assert harness.rows(
+        'SELECT "total_claim_amount"::VARCHAR, "_valid_to" IS NOT NULL FROM "history"."claims" '
+        'WHERE "id" = 2 ORDER BY "_valid_from"'
+    ) == [("2.5000", True), ("9.0000", True)]
 
 
 def test_a_rejected_record_in_a_snapshot_is_not_marked_deleted(harness):

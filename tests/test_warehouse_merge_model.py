@@ -65,22 +65,21 @@ class Model:
                 counts["inserted"] += 1
                 self.current[key] = new
                 continue
-            if held.deleted and new.extracted <= held.deleted:
-                newer = False  # the deletion was seen after this version was extracted
-            elif new.cursor and held.cursor and new.cursor != held.cursor:
+            if new.cursor and held.cursor and new.cursor != held.cursor:
                 newer = new.cursor > held.cursor
             else:
                 newer = new.extracted >= held.extracted
-            same = held.deleted is None and (new.cursor, new.amount) == (held.cursor, held.amount)
-            if not newer or same:
+            back = held.deleted is not None and new.extracted > held.deleted
+            same = (new.cursor, new.amount) == (held.cursor, held.amount)
+            if not newer or (same and not back):
                 counts["unchanged"] += 1
-            else:
-                counts["resurrected" if held.deleted else "updated"] += 1
-                closed = held.deleted or new.extracted
-                self.superseded.append(
-                    (key, held.cursor, held.amount, held.extracted, closed),
-                )
-                self.current[key] = new
+                continue
+            counts["resurrected" if back else "updated"] += 1
+            # A version extracted before the deletion was seen replaces the content of a
+            # record that stays deleted; one extracted after it brings the record back.
+            closed = held.deleted if back else new.extracted
+            self.superseded.append((key, held.cursor, held.amount, held.extracted, closed))
+            self.current[key] = new if back else replace(new, deleted=held.deleted)
         deleted = 0
         if snapshot:
             at = max(extracted for extracted, _ in batches)

@@ -583,8 +583,10 @@ class _Merge:
         key (`_action`). Returns how many keys get each action.
 
         A version newer than the current one (by cursor, else by extraction time) replaces
-        it, but not a deletion seen after the version was extracted: runs may load out of
-        order, and a batch may be loaded again, and neither may bring back a deleted record.
+        it. It brings a deleted record back only when it was extracted after the deletion
+        was seen; an older one (a batch loaded again, or a run that commits after a later
+        snapshot) updates the record's content, which stays deleted, as if the two loads
+        had committed in extraction order.
 
         Both hold narrow rows only: no wide row is written twice, and every join's hash
         table stays small under the memory cap.
@@ -609,13 +611,12 @@ class _Merge:
             SELECT s."_file", s."_row", s.{self.key}, s."_extracted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
-                WHEN s."_extracted_at" <= c."_deleted_at" THEN '{STALE}'
                 WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
                                     AND s."_cursor" <> {current}
                                THEN s."_cursor" > {current}
                                ELSE s."_extracted_at" >= c."_extracted_at" END)
                      THEN '{STALE}'
-                WHEN c."_deleted_at" IS NOT NULL THEN '{RESURRECT}'
+                WHEN s."_extracted_at" > c."_deleted_at" THEN '{RESURRECT}'
                 WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
                 ELSE '{SAME}'
               END AS "_action"
@@ -639,7 +640,7 @@ class _Merge:
                 f"""INSERT INTO {self.superseded} ({column_list(self.version)}, "_valid_from",
                                                   "_valid_to", "_run_id")
                     SELECT {column_list(self.version, "c.")}, c."_extracted_at",
-                           coalesce(c."_deleted_at", s."_extracted_at"), c."_run_id"
+                           least(c."_deleted_at", s."_extracted_at"), c."_run_id"
                     FROM {self.clinical} AS c JOIN {PLANNED} AS s ON c.{self.key} = s.{self.key}""",
                 [replaced],
             )
@@ -647,7 +648,9 @@ class _Merge:
             assignments = ", ".join(f"{quote(n)} = s.{quote(n)}" for n in updated)
             self.con.execute(
                 f"""UPDATE {self.clinical} AS c
-                    SET {assignments}, "_synced_at" = now(), "_deleted_at" = NULL
+                    SET {assignments}, "_synced_at" = now(),
+                        "_deleted_at" = CASE WHEN s."_extracted_at" > c."_deleted_at"
+                                             THEN NULL ELSE c."_deleted_at" END
                     FROM {self._picked()} AS s WHERE c.{self.key} = s.{self.key}""",
                 [self.files, replaced],
             )
