@@ -422,8 +422,6 @@ CONTENT_HASH = "printf('%016x', hash({content}))"
 
 # The plan's actions, as the classification query names them.
 INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
-# The plan's rows whose action is one of a bound list.
-PLANNED = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
 
 
 class _Merge:
@@ -489,7 +487,6 @@ class _Merge:
         table = pa.table(
             {
                 "file": self.files,
-                "file_no": list(range(len(self.files))),
                 "extracted_at": pa.array(
                     [i.extracted for i in self.infos], pa.timestamp("us", "UTC")
                 ),
@@ -522,8 +519,7 @@ class _Merge:
 
     def _versions(self, ranked: bool) -> str:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
-        `ranked` adds where each row is (file, row number) and the batch order, which name
-        a row and break ties between versions."""
+        `ranked` adds batch order and row number, which break ties between versions."""
         select = ", ".join(
             f"s.{quote(name)}" if name in self.present else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
@@ -533,11 +529,7 @@ class _Merge:
         )
         content = column_list([*self.fields, EXTRAS])
         cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
-        rank = (
-            ', b."file_no" AS "_file", s."file_row_number" AS "_row", b."batch_order" AS "_order"'
-            if ranked
-            else ""
-        )
+        rank = ', b."batch_order" AS "_order", s."file_row_number" AS "_row"' if ranked else ""
         return f"""
             SELECT *, {CONTENT_HASH.format(content=content)} AS "_content_hash",
                    {cursor} AS "_cursor"
@@ -578,9 +570,8 @@ class _Merge:
         return inserted
 
     def _plan(self, duplicated: bool) -> dict[str, int]:
-        """`_stage`: the newest version per key across the batches, as where it is (file
-        number, row number), its cursor and its content hash; `_plan`: what happens to each
-        key (`_action`). Returns how many keys get each action.
+        """`_stage`: the newest version per key across the batches with its content hash;
+        `_plan`: what happens to each key (`_action`). Returns how many keys get each action.
 
         A version newer than the current one (by cursor, else by extraction time) replaces
         it. It brings a deleted record back only when it was extracted after the deletion
@@ -588,15 +579,11 @@ class _Merge:
         snapshot) updates the record's content, which stays deleted, as if the two loads
         had committed in extraction order.
 
-        Both hold narrow rows only: no wide row is written twice, and every join's hash
-        table stays small under the memory cap.
+        Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
+        table stays small; the wide staged rows stream, and spill under the memory cap.
         """
-        located = column_list(["_file", "_row", "_order", self.ent.key])
         self.con.execute(
-            f"""CREATE TEMP TABLE "_stage" AS
-                SELECT {located}, "_cursor", "_extracted_at", "_content_hash"
-                FROM ({self._versions(ranked=True)})""",
-            [self.files],
+            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
         )
         if duplicated:
             self._keep_newest()
@@ -608,7 +595,7 @@ class _Merge:
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_plan" AS
-            SELECT s."_file", s."_row", s.{self.key}, s."_extracted_at",
+            SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at", c."_deleted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
                 WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
@@ -631,37 +618,40 @@ class _Merge:
         """Apply the planned actions; a statement with nothing to do is not run.
 
         A replaced version moves from clinical to the superseded history, closed when its
-        successor was extracted (an update) or when a snapshot missed it (a resurrection),
-        and its clinical row is updated in place: a delete and insert of the same rows
-        would make DuckDB's checkpoint rewrite every row group a deleted row was in."""
+        successor was extracted (an update) or when a snapshot missed it (a resurrection)."""
         replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
+        if not (planned.get(INSERT) or replaced):
+            return
+        if planned.get(SAME) or planned.get(STALE):  # `_stage` keeps only rows to write
+            self.con.execute(
+                'DELETE FROM "_stage" WHERE rowid IN '
+                '(SELECT "_row_id" FROM "_plan" WHERE "_action" IN (?, ?))',
+                [SAME, STALE],
+            )
+        planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:
             self.con.execute(
                 f"""INSERT INTO {self.superseded} ({column_list(self.version)}, "_valid_from",
                                                   "_valid_to", "_run_id")
                     SELECT {column_list(self.version, "c.")}, c."_extracted_at",
                            least(c."_deleted_at", s."_extracted_at"), c."_run_id"
-                    FROM {self.clinical} AS c JOIN {PLANNED} AS s ON c.{self.key} = s.{self.key}""",
+                    FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
                 [replaced],
             )
-            updated = [n for n in (*self.version, "_extracted_at", "_run_id") if n != self.ent.key]
-            assignments = ", ".join(f"{quote(n)} = s.{quote(n)}" for n in updated)
             self.con.execute(
-                f"""UPDATE {self.clinical} AS c
-                    SET {assignments}, "_synced_at" = now(),
-                        "_deleted_at" = CASE WHEN s."_extracted_at" > c."_deleted_at"
-                                             THEN NULL ELSE c."_deleted_at" END
-                    FROM {self._picked()} AS s WHERE c.{self.key} = s.{self.key}""",
-                [self.files, replaced],
+                f"""DELETE FROM {self.clinical} WHERE {self.key} IN
+                    (SELECT {self.key} FROM {planned_keys})""",
+                [replaced],
             )
-        if planned.get(INSERT):
-            self._insert_clinical(self._picked(), [self.files, [INSERT]])
-
-    def _picked(self) -> str:
-        """SQL of the batches' rows that the plan gives one of the actions `?` (`?` before
-        it: the files). Reading the Parquet again costs far less than staging wide rows."""
-        return f"""(SELECT v.* FROM ({self._versions(ranked=True)}) AS v
-                    SEMI JOIN {PLANNED} AS p ON v."_file" = p."_file" AND v."_row" = p."_row")"""
+        self._insert_clinical('"_stage"')
+        if UPDATE in replaced:  # an update older than the record's deletion keeps it deleted
+            self.con.execute(
+                f"""UPDATE {self.clinical} AS c SET "_deleted_at" = p."_deleted_at"
+                    FROM "_plan" AS p
+                    WHERE p."_action" = ? AND p."_deleted_at" IS NOT NULL
+                      AND c.{self.key} = p.{self.key}""",
+                [UPDATE],
+            )
 
     def _mark_deleted(self) -> int:
         """A snapshot marks what it did not see (nor reject) and was extracted before it."""
