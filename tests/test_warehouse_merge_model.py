@@ -34,13 +34,6 @@ class Version:
     deleted: datetime | None = None
 
 
-@dataclass(frozen=True)
-class Candidate:
-    key: int
-    version: Version
-    rank: tuple  # the load's tie-break: cursor (nulls last), extraction, batch, row
-
-
 class Model:
     """The merge's rules in plain Python: newest version per key in the load, then compared
     with the current row by cursor (or extraction time when a cursor is missing or equal)."""
@@ -50,17 +43,18 @@ class Model:
         self.superseded: list[tuple[int, date | None, str, datetime, datetime]] = []
 
     def load(self, batches: list[tuple[datetime, list[Row]]], snapshot: bool) -> LoadResult:
-        newest: dict[int, Candidate] = {}
+        # Per key, the newest version by the load's tie-break: cursor (nulls last),
+        # extraction time, batch, row.
+        newest: dict[int, tuple[tuple, Version]] = {}
         ordered = sorted(batches, key=lambda b: b[0])
         for order, (extracted, rows) in enumerate(ordered):
             for row_number, (key, cursor, amount) in enumerate(rows):
                 rank = (cursor is not None, cursor or date.min, extracted, order, row_number)
-                seen = Candidate(key, Version(cursor, amount, extracted), rank)
-                if key not in newest or seen.rank > newest[key].rank:
-                    newest[key] = seen
+                if key not in newest or rank > newest[key][0]:
+                    newest[key] = (rank, Version(cursor, amount, extracted))
         counts = dict.fromkeys(("inserted", "updated", "unchanged", "resurrected"), 0)
-        for key, seen in newest.items():
-            new, held = seen.version, self.current.get(key)
+        for key, (_, new) in newest.items():
+            held = self.current.get(key)
             if held is None:
                 counts["inserted"] += 1
                 self.current[key] = new

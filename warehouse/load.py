@@ -41,6 +41,7 @@ __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "Warehou
 
 LOCK_WORDS = ("could not set lock", "conflicting lock")
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
+RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
 
 
 @dataclass(frozen=True)
@@ -258,20 +259,11 @@ class Warehouse:
         message: str | None = None,
     ) -> None:
         total = sum((results or {}).values(), LoadResult())
+        figures = ", ".join(f"{quote(name)} = ?" for name in RUN_FIGURES)
         self.con.execute(
-            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "fetched" = ?, '
-            '"inserted" = ?, "updated" = ?, "soft_deleted" = ?, "rejected" = ?, "message" = ? '
-            'WHERE "run_id" = ?',
-            [
-                status,
-                total.fetched,
-                total.inserted,
-                total.updated,
-                total.soft_deleted,
-                total.rejected,
-                message,
-                run_id,
-            ],
+            f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
+            '"message" = ? WHERE "run_id" = ?',
+            [status, *(getattr(total, name) for name in RUN_FIGURES), message, run_id],
         )
 
     def add_to_run(
@@ -284,44 +276,39 @@ class Warehouse:
     ) -> None:
         """Add a committed load's figures to its run's row, created by the run's first load;
         a run of several loads (entity sets, documents) keeps one row that names them all."""
-        sets = list(entities)
-        row = self.con.execute(
-            'SELECT "entities", "fetched", "inserted", "updated", "soft_deleted", "rejected" '
-            'FROM "ops"."sync_runs" WHERE "run_id" = ?',
-            [run_id],
-        ).fetchone()
-        if row is None:
-            self.record_run(run_id, sets, full_snapshot=full_snapshot)
-            row = (sets, 0, 0, 0, 0, 0)
-        held, *figures = row
-        if missing := [name for name in sets if name not in held]:
-            self.con.execute(
-                'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',
-                [[*held, *missing], run_id],
-            )
-        fetched, inserted, updated, deleted, rejected = (int(v or 0) for v in figures)
-        so_far = LoadResult(
-            fetched=fetched,
-            inserted=inserted,
-            updated=updated,
-            soft_deleted=deleted,
-            rejected=rejected,
+        self._ensure_run(run_id, list(entities), full_snapshot)
+        figures = ", ".join(
+            f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in RUN_FIGURES
         )
-        self.finish_run(run_id, SUCCESS, {"total": so_far + result})
+        self.con.execute(
+            f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
+            '"message" = NULL WHERE "run_id" = ?',
+            [SUCCESS, *(getattr(result, name) for name in RUN_FIGURES), run_id],
+        )
 
-    def fail_run(self, run_id: str, message: str, entities: Iterable[str] = ()) -> None:
+    def fail_run(self, run_id: str, message: str) -> None:
         """Mark a run failed, keeping what its finished loads recorded; a run that failed
         before its first load gets a row of its own."""
         with self._transaction():
-            exists = self.con.execute(
-                'SELECT count(*) FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
-            ).fetchone()[0]
-            if not exists:
-                self.record_run(run_id, entities)
+            self._ensure_run(run_id, [])
             self.con.execute(
                 'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
                 'WHERE "run_id" = ?',
                 [FAILED, message, run_id],
+            )
+
+    def _ensure_run(self, run_id: str, entities: list[str], full_snapshot: bool = False) -> None:
+        """The run's row, made by the first write of the run; later writes add the sets it
+        does not name yet."""
+        row = self.con.execute(
+            'SELECT "entities" FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
+        ).fetchone()
+        if row is None:
+            self.record_run(run_id, entities, full_snapshot=full_snapshot)
+        elif missing := [name for name in entities if name not in row[0]]:
+            self.con.execute(
+                'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',
+                [[*row[0], *missing], run_id],
             )
 
     def watermark(self, entity: EntitySet | str) -> str | None:
