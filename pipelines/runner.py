@@ -216,9 +216,7 @@ def sync(
         )
     order = [e.name for e in ENTITY_SETS]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
-    if not result.success:
-        report.failure = first_failure(result.all_events)
-        mark_failed(warehouse_path, result.run_id, report.failure, env)
+    report.failure = _failure(result, warehouse_path, env)
     return report
 
 
@@ -254,9 +252,7 @@ def sync_documents(
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
         figures.update(_values(event.materialization.metadata))
-    failure = None if result.success else first_failure(result.all_events)
-    if failure is not None:
-        mark_failed(warehouse_path, result.run_id, failure, env)
+    failure = _failure(result, warehouse_path, env)
     return DocumentsRun(result.run_id, result.success, figures, failure)
 
 
@@ -283,6 +279,15 @@ def _materialize(
         tags={**run_tags(), **tags},
         raise_on_error=False,
     )
+
+
+def _failure(result: Any, warehouse_path: str, env: Mapping[str, str]) -> str | None:
+    """A failed run's first error, marked in ops.sync_runs as the sensor marks UI runs."""
+    if result.success:
+        return None
+    failure = first_failure(result.all_events)
+    mark_failed(warehouse_path, result.run_id, failure, env)
+    return failure
 
 
 def _values(metadata: Mapping[str, Any]) -> dict[str, Any]:
