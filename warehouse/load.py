@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
 from connectors.clinical_records.errors import ConfigError
-from warehouse import ddl
+from warehouse import ddl, vacuum
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import BatchInfo, Lake
@@ -125,6 +125,7 @@ class Warehouse:
         self.wait = wait
         self.entities = {e.name: e for e in entities}
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._vacuum_deferrable = False
 
     def __enter__(self) -> Warehouse:
         self.open()
@@ -145,6 +146,7 @@ class Warehouse:
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
             self._con = _connect(self.path, self.read_only, self.wait, self.memory_limit)
+            self._vacuum_deferrable = vacuum.supported(self._con)
 
     def close(self) -> None:
         if self._con is not None:
@@ -362,6 +364,9 @@ class Warehouse:
         with self._transaction():
             result = _Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             self._write_state(ent, run_id, infos, snapshot, watermark)
+            if result and self._vacuum_deferrable:
+                appended = result.inserted + result.updated + result.resurrected
+                vacuum.set_for_commit(self.con, ddl.CLINICAL, ent.table, appended)
         return result or LoadResult()
 
     def _write_state(
