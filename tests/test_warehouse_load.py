@@ -133,6 +133,46 @@ def test_a_batch_extracted_before_the_deleting_snapshot_does_not_bring_a_record_
     ) == [("2.5000", True), ("9.0000", True)]
 
 
+def test_a_new_record_extracted_before_a_snapshot_that_missed_it_loads_deleted(harness):
+    # Overlapping runs: an incremental run extracted claims 3 and 4 (day 0); a snapshot
+    # extracted on day 1, without claim 3 (deleted at the source since) and with claim 4
+    # rejected, committed first. Loaded in extraction order, 3 would be marked by it.
+    late = harness.write(CLAIMS, [record(CLAIMS, 3), record(CLAIMS, 4)], day=0)
+    snapshot = harness.write(
+        CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 4, date_of_service="soon")], day=1, snapshot=True
+    )
+    harness.wh.load(CLAIMS, [snapshot], run_id="snapshot", snapshot=True)
+    result = harness.wh.load(CLAIMS, [late], run_id="late")
+    assert (result.inserted, result.soft_deleted) == (2, 0)
+    seen_gone = Lake.info(snapshot).extracted
+    assert harness.rows('SELECT "id", "_deleted_at" FROM "clinical"."claims" ORDER BY 1') == [
+        (1, None),
+        (3, seen_gone),
+        (4, None),
+    ]
+    # A later batch brings it back as any deleted record.
+    back = harness.sync(CLAIMS, [record(CLAIMS, 3)], day=2)
+    assert back.resurrected == 1
+
+
+def test_a_warehouse_made_before_ops_snapshots_records_its_last_snapshot(harness):
+    late = harness.write(CLAIMS, [record(CLAIMS, 2)], day=0)
+    snapshot = harness.write(CLAIMS, [record(CLAIMS, 1)], day=1, snapshot=True)
+    info = Lake.info(snapshot)
+    harness.wh.load(CLAIMS, [snapshot], run_id=info.run_id, snapshot=True)
+    harness.rows('DROP TABLE "ops"."snapshots"')
+    harness.rows('DELETE FROM "ops"."schema_version"')
+
+    harness.wh.ensure_schema()
+    assert harness.rows('SELECT "entity", "run_id", "snapshot_at" FROM "ops"."snapshots"') == [
+        ("Claims", info.run_id, info.extracted)
+    ]
+    harness.wh.load(CLAIMS, [late], run_id="late")
+    assert harness.rows('SELECT "_deleted_at" FROM "clinical"."claims" WHERE "id" = 2') == [
+        (info.extracted,)
+    ]
+
+
 def test_a_rejected_record_in_a_snapshot_is_not_marked_deleted(harness):
     harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)], snapshot=True)
     result = harness.sync(

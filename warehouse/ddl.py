@@ -94,6 +94,16 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "loaded_at": ("TIMESTAMPTZ", "When the batch was first loaded"),
         },
     ),
+    "snapshots": (
+        "Every full snapshot loaded, so a record first loaded after a snapshot that missed it "
+        "is loaded deleted",
+        {
+            "entity": ("VARCHAR", "Entity set name"),
+            "run_id": ("VARCHAR", "Run that extracted the snapshot"),
+            "snapshot_at": ("TIMESTAMPTZ", "Extraction time of the snapshot"),
+            "loaded_at": ("TIMESTAMPTZ", "When the snapshot was loaded"),
+        },
+    ),
     "source": (
         "The service the warehouse was built from; a sync from another source is refused",
         {

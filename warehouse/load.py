@@ -181,6 +181,7 @@ class Warehouse:
             self._history_tables_to_views()
             for statement in statements:
                 self.con.execute(statement)
+            self._seed_snapshots()
             self.con.execute('DELETE FROM "ops"."schema_version"')
             self.con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
 
@@ -204,6 +205,20 @@ class Warehouse:
                           AND c."_content_hash" = h."_content_hash")"""
             )
             self.con.execute(f"DROP TABLE {history}")
+
+    def _seed_snapshots(self) -> None:
+        """Warehouses made before `ops.snapshots` know their last snapshot only (from
+        `sync_state`, its run from the batch ledger): it is the one recorded for them."""
+        self.con.execute(
+            """INSERT INTO "ops"."snapshots"
+               SELECT s."entity",
+                      (SELECT min(b."run_id") FROM "ops"."loaded_batches" AS b
+                       WHERE b."entity" = s."entity" AND b."extracted_at" = s."last_snapshot_at"),
+                      s."last_snapshot_at", now()
+               FROM "ops"."sync_state" AS s
+               WHERE s."last_snapshot_at" IS NOT NULL AND NOT EXISTS
+                     (SELECT 1 FROM "ops"."snapshots" AS n WHERE n."entity" = s."entity")"""
+        )
 
     def _applied_schema(self) -> str | None:
         try:
@@ -436,14 +451,16 @@ class _Merge:
         self.version = [*self.fields, *ddl.CONTENT_META]  # the columns a version consists of
         self.snapshot_at = max(i.extracted for i in infos)
         self.present = _columns_in(paths)  # older batches may lack newer columns
+        # Whether a snapshot loaded earlier was extracted after some of these batches.
+        self.snapshot_since = self._snapshot_since(min(i.extracted for i in infos))
 
     def run(self, snapshot: bool) -> LoadResult:
         new = self._register_batches()
         actions: Counter[str] = Counter()
         duplicated = self._has_duplicate_keys()
-        if not duplicated and self._is_empty():
-            # A fresh load (an empty table, no key twice) inserts everything: one streaming
-            # statement, nothing to compare with and nothing a snapshot could have missed.
+        if not duplicated and not self.snapshot_since and self._is_empty():
+            # A fresh load (an empty table, no key twice, no snapshot since) inserts
+            # everything: one streaming statement, nothing to compare with.
             actions[INSERT] = self._insert_fresh()
             deleted = 0
         else:
@@ -452,6 +469,8 @@ class _Merge:
             deleted = self._mark_deleted() if snapshot else 0
             self.con.execute('DROP TABLE "_stage"')
             self.con.execute('DROP TABLE "_plan"')
+        if snapshot:
+            self._record_snapshot()
         rejected = self._rejects(new)
         self._ledger()
         self.con.unregister("_batches")
@@ -508,6 +527,36 @@ class _Merge:
 
     def _is_empty(self) -> bool:
         return self.con.execute(f"SELECT count(*) FROM {self.clinical}").fetchone()[0] == 0
+
+    def _snapshot_since(self, extracted: datetime) -> bool:
+        """Whether a snapshot loaded earlier was extracted at or after `extracted`."""
+        (count,) = self.con.execute(
+            'SELECT count(*) FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" >= ?',
+            [self.ent.name, extracted],
+        ).fetchone()
+        return count > 0
+
+    def _record_snapshot(self) -> None:
+        """The snapshot, by the run that extracted it: its rejects carry that run's id."""
+        run_id = max(self.infos, key=lambda i: i.extracted).run_id
+        self.con.execute(
+            'INSERT INTO "ops"."snapshots" SELECT ?, ?, ?, now() WHERE NOT EXISTS '
+            '(SELECT 1 FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" = ?)',
+            [self.ent.name, run_id, self.snapshot_at, self.ent.name, self.snapshot_at],
+        )
+
+    def _missed_by_snapshot(self) -> str:
+        """SQL of when the first snapshot extracted at or after a new record's version (`s`)
+        missed it (NULL when none did), as a replay in extraction order would mark it. A
+        snapshot that rejected the key did not miss it. `?`: the entity set's name."""
+        if not self.snapshot_since:
+            return "NULL::TIMESTAMPTZ"
+        return f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
+                    WHERE n."entity" = ? AND n."snapshot_at" >= s."_extracted_at"
+                      AND NOT EXISTS (
+                        SELECT 1 FROM "ops"."rejects" AS r
+                        WHERE r."entity" = n."entity" AND r."run_id" = n."run_id"
+                          AND r."key" = CAST(s.{self.key} AS VARCHAR)))"""
 
     def _versions(self, ranked: bool) -> str:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
@@ -569,7 +618,8 @@ class _Merge:
         it. It brings a deleted record back only when it was extracted after the deletion
         was seen; an older one (a batch loaded again, or a run that commits after a later
         snapshot) updates the record's content, which stays deleted, as if the two loads
-        had committed in extraction order.
+        had committed in extraction order. For the same reason a new record that a snapshot
+        loaded earlier but extracted later missed is inserted deleted (`_deleted_at`).
 
         Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
         table stays small; the wide staged rows stream, and spill under the memory cap.
@@ -587,7 +637,9 @@ class _Merge:
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_plan" AS
-            SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at", c."_deleted_at",
+            SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at",
+              CASE WHEN c.{self.key} IS NULL THEN {self._missed_by_snapshot()}
+                   ELSE c."_deleted_at" END AS "_deleted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
                 WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
@@ -601,7 +653,8 @@ class _Merge:
               END AS "_action"
             FROM "_stage" AS s
             LEFT JOIN (SELECT {narrow} FROM {self.clinical}) AS c ON c.{self.key} = s.{self.key}
-            """
+            """,
+            [self.ent.name] if self.snapshot_since else [],
         )
         rows = self.con.execute('SELECT "_action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
         return dict(rows)
@@ -636,13 +689,15 @@ class _Merge:
                 [replaced],
             )
         self._insert_clinical('"_stage"')
-        if UPDATE in replaced:  # an update older than the record's deletion keeps it deleted
+        # Rows are inserted live; an update older than the record's deletion keeps it deleted,
+        # and a new record a snapshot since missed is deleted from that snapshot on.
+        if UPDATE in replaced or (self.snapshot_since and planned.get(INSERT)):
             self.con.execute(
                 f"""UPDATE {self.clinical} AS c SET "_deleted_at" = p."_deleted_at"
                     FROM "_plan" AS p
-                    WHERE p."_action" = ? AND p."_deleted_at" IS NOT NULL
+                    WHERE p."_action" IN (?, ?) AND p."_deleted_at" IS NOT NULL
                       AND c.{self.key} = p.{self.key}""",
-                [UPDATE],
+                [UPDATE, INSERT],
             )
 
     def _mark_deleted(self) -> int:
