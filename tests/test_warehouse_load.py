@@ -155,6 +155,20 @@ def test_a_new_record_extracted_before_a_snapshot_that_missed_it_loads_deleted(h
     assert back.resurrected == 1
 
 
+def test_a_run_that_commits_after_a_later_extracted_one_leaves_its_watermark(harness):
+    late = harness.write(CLAIMS, [record(CLAIMS, 2)], day=0)
+    harness.wh.load(
+        CLAIMS,
+        [harness.write(CLAIMS, [record(CLAIMS, 1)], day=1)],
+        run_id="later",
+        watermark="2026-02-02",
+    )
+    harness.wh.load(CLAIMS, [late], run_id="earlier", watermark="2026-02-01")
+    assert harness.wh.watermark(CLAIMS) == "2026-02-02"
+    harness.wh.load(CLAIMS, [], run_id="nothing new", watermark="2026-02-03")
+    assert harness.wh.watermark(CLAIMS) == "2026-02-03"
+
+
 def test_a_warehouse_made_before_ops_snapshots_records_its_last_snapshot(harness):
     late = harness.write(CLAIMS, [record(CLAIMS, 2)], day=0)
     snapshot = harness.write(CLAIMS, [record(CLAIMS, 1)], day=1, snapshot=True)

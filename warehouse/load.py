@@ -392,6 +392,8 @@ class Warehouse:
         snapshot: bool,
         watermark: str | None,
     ) -> None:
+        """The watermark of the newest extraction wins: a run that commits after a run it
+        started before (overlapping runs) leaves the later run's watermark."""
         newest = max((i.extracted for i in infos), default=None)
         self.con.execute(
             'INSERT INTO "ops"."sync_state" SELECT ?, NULL, NULL, NULL, NULL, NULL '
@@ -399,12 +401,14 @@ class Warehouse:
             [ent.name, ent.name],
         )
         self.con.execute(
-            'UPDATE "ops"."sync_state" SET "watermark" = coalesce(?, "watermark"), '
+            'UPDATE "ops"."sync_state" SET "watermark" = CASE '
+            'WHEN ?::TIMESTAMPTZ < "last_extracted_at" THEN "watermark" '
+            'ELSE coalesce(?, "watermark") END, '
             '"last_run_id" = ?, "last_loaded_at" = now(), '
             '"last_extracted_at" = greatest("last_extracted_at", ?::TIMESTAMPTZ), '
             '"last_snapshot_at" = CASE WHEN ? THEN greatest("last_snapshot_at", ?::TIMESTAMPTZ) '
             'ELSE "last_snapshot_at" END WHERE "entity" = ?',
-            [watermark, run_id, newest, snapshot and newest is not None, newest, ent.name],
+            [newest, watermark, run_id, newest, snapshot and newest is not None, newest, ent.name],
         )
 
     def _transaction(self) -> _Transaction:
