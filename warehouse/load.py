@@ -125,7 +125,6 @@ class Warehouse:
         self.wait = wait
         self.entities = {e.name: e for e in entities}
         self._con: duckdb.DuckDBPyConnection | None = None
-        self._vacuum_deferrable = False
 
     def __enter__(self) -> Warehouse:
         self.open()
@@ -146,7 +145,6 @@ class Warehouse:
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
             self._con = _connect(self.path, self.read_only, self.wait, self.memory_limit)
-            self._vacuum_deferrable = vacuum.supported(self._con)
 
     def close(self) -> None:
         if self._con is not None:
@@ -379,7 +377,7 @@ class Warehouse:
         with self._transaction():
             result = _Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             self._write_state(ent, run_id, infos, snapshot, watermark)
-            if result and self._vacuum_deferrable:
+            if result:
                 appended = result.inserted + result.updated + result.resurrected
                 vacuum.set_for_commit(self.con, ddl.CLINICAL, ent.table, appended)
         return result or LoadResult()
@@ -549,18 +547,19 @@ class _Merge:
             [self.ent.name, run_id, self.snapshot_at, self.ent.name, self.snapshot_at],
         )
 
-    def _missed_by_snapshot(self) -> str:
+    def _missed_by_snapshot(self) -> tuple[str, list[object]]:
         """SQL of when the first snapshot extracted at or after a new record's version (`s`)
-        missed it (NULL when none did), as a replay in extraction order would mark it. A
-        snapshot that rejected the key did not miss it. `?`: the entity set's name."""
+        missed it (NULL when none did), as a replay in extraction order would mark it, and
+        its parameters. A snapshot that rejected the key did not miss it."""
         if not self.snapshot_since:
-            return "NULL::TIMESTAMPTZ"
-        return f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
+            return "NULL::TIMESTAMPTZ", []
+        sql = f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
                     WHERE n."entity" = ? AND n."snapshot_at" >= s."_extracted_at"
                       AND NOT EXISTS (
                         SELECT 1 FROM "ops"."rejects" AS r
                         WHERE r."entity" = n."entity" AND r."run_id" = n."run_id"
                           AND r."key" = CAST(s.{self.key} AS VARCHAR)))"""
+        return sql, [self.ent.name]
 
     def _versions(self, ranked: bool) -> str:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
@@ -638,11 +637,12 @@ class _Merge:
         narrow = column_list(
             [self.ent.key, *cursor, "_extracted_at", "_deleted_at", "_content_hash"]
         )
+        missed, params = self._missed_by_snapshot()
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_plan" AS
             SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at",
-              CASE WHEN c.{self.key} IS NULL THEN {self._missed_by_snapshot()}
+              CASE WHEN c.{self.key} IS NULL THEN {missed}
                    ELSE c."_deleted_at" END AS "_deleted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
@@ -658,7 +658,7 @@ class _Merge:
             FROM "_stage" AS s
             LEFT JOIN (SELECT {narrow} FROM {self.clinical}) AS c ON c.{self.key} = s.{self.key}
             """,
-            [self.ent.name] if self.snapshot_since else [],
+            params,
         )
         rows = self.con.execute('SELECT "_action", count(*) FROM "_plan" GROUP BY ALL').fetchall()
         return dict(rows)

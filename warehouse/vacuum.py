@@ -19,29 +19,24 @@ SETTING = "max_vacuum_tasks"
 DEAD_FRACTION = 0.2  # of the rows a table stores, live and dead
 
 
-def supported(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether this DuckDB has the setting (one without it always vacuums)."""
-    query = "SELECT count(*) FROM duckdb_settings() WHERE name = ?"
-    return con.execute(query, [SETTING]).fetchone()[0] > 0
-
-
 def is_due(stored: int, live: int) -> bool:
     """Whether the dead rows (stored but not live) reach a fifth of what a table stores."""
     return stored > 0 and stored - live >= DEAD_FRACTION * stored
 
 
-def set_for_commit(con: duckdb.DuckDBPyConnection, schema: str, table: str, appended: int) -> bool:
-    """Inside a load's transaction: vacuum at its commit only when it is due.
+def set_for_commit(con: duckdb.DuckDBPyConnection, schema: str, table: str, appended: int) -> None:
+    """Inside a load's transaction: vacuum at its commit only when it is due. A DuckDB
+    without the setting keeps its own behaviour (it always vacuums).
 
     DuckDB counts the rows a table stores (`estimated_size`, deleted rows included) as of
-    the last commit, so the rows this transaction appended are added. Returns whether the
-    commit vacuums."""
-    stored, live = con.execute(
-        f"""SELECT (SELECT estimated_size FROM duckdb_tables()
+    the last commit, so the rows this transaction appended are added."""
+    known, stored, live = con.execute(
+        f"""SELECT (SELECT count(*) FROM duckdb_settings() WHERE name = ?),
+                   (SELECT estimated_size FROM duckdb_tables()
                     WHERE schema_name = ? AND table_name = ?),
                    (SELECT count(*) FROM {qualified(schema, table)})""",
-        [schema, table],
+        [SETTING, schema, table],
     ).fetchone()
-    due = is_due(stored + appended, live)
-    con.execute(f"RESET {SETTING}" if due else f"SET {SETTING} = 0")
-    return due
+    if known:
+        due = is_due(stored + appended, live)
+        con.execute(f"RESET {SETTING}" if due else f"SET {SETTING} = 0")
