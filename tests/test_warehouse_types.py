@@ -119,6 +119,10 @@ MALFORMED = [
     (APPOINTMENTS, "start_datetime", "2026-01-02 soon", "not an ISO 8601 date-time"),
     (APPOINTMENTS, "start_time", "25:00:00", "not a time"),
     (CLAIMS, "payment_plan", "yes", "got a JSON string"),
+    (CLAIMS, "prescription_id", 1.5, "got a JSON number"),  # not truncated to 1
+    (PRESCRIPTIONS, "patient_id", "9223372036854775808", "not an integer within BIGINT's range"),
+    (CLAIMS, "date_of_service", "0000-01-01", "outside the years 0001-9999"),
+    (APPOINTMENTS, "start_datetime", "9999-12-31T23:59:59-05:00", "outside the years 0001-9999"),
 ]
 
 

@@ -93,7 +93,7 @@ TEXT_BY_KIND: dict[str, Callable[[object], object]] = {
     "boolean": lambda v: v,  # stays a bool: the only kind BOOLEAN accepts
 }
 
-INTEGER_RE = r"^-?[0-9]{1,18}$"
+INTEGER_RE = r"^-?[0-9]{1,19}$"  # BIGINT's 19 digits; the cast finds what overflows
 NUMBER_RE = r"^-?[0-9]+(\.[0-9]+)?$"
 _INT_DIGITS = DECIMAL_PRECISION - DECIMAL_SCALE
 # Leading zeros and trailing fractional zeros lose nothing; any other digit beyond
@@ -123,18 +123,19 @@ def _null_where(arr: pa.Array, bad: pa.Array) -> pa.Array:
 
 
 def _cast_each(arr: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
-    """Cast, and when one value spoils the whole cast, find it value by value (rare path)."""
+    """Cast, and when one value spoils the whole cast, find it value by value (rare path).
+    The values stay in Arrow: a Python object cannot hold every value Arrow can (year 0)."""
     try:
         return pc.cast(arr, target), np.zeros(len(arr), dtype=bool)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        out, bad = [], np.zeros(len(arr), dtype=bool)
-        for i, value in enumerate(arr):
+        pieces, bad = [], np.zeros(len(arr), dtype=bool)
+        for i in range(len(arr)):
             try:
-                out.append(pc.cast(pa.array([value.as_py()], arr.type), target)[0].as_py())
+                pieces.append(pc.cast(arr.slice(i, 1), target))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                out.append(None)
-                bad[i] = value.is_valid
-        return pa.array(out, target), bad
+                pieces.append(pa.nulls(1, target))
+                bad[i] = arr[i].is_valid
+        return pa.concat_arrays(pieces), bad
 
 
 def to_varchar(arr: pa.Array, fld: Field) -> Converted:
@@ -151,8 +152,8 @@ def to_bigint(arr: pa.Array, fld: Field) -> Converted:
     if arr.type == pa.int64():
         return Converted(arr)
     bad = _failing(arr, INTEGER_RE)
-    values = pc.cast(_null_where(arr, bad), pa.int64())
-    return Converted(values, [(_mask(bad), "not an integer of at most 18 digits")])
+    values, overflow = _cast_each(_null_where(arr, bad), pa.int64())
+    return Converted(values, [(_mask(bad) | overflow, "not an integer within BIGINT's range")])
 
 
 def to_decimal(arr: pa.Array, fld: Field) -> Converted:
@@ -175,6 +176,16 @@ def to_boolean(arr: pa.Array, fld: Field) -> Converted:
     return Converted(arr if arr.type == pa.bool_() else pc.cast(arr, pa.bool_()))
 
 
+def _in_years(converted: Converted) -> Converted:
+    """Dates and times outside the years 0001-9999 (in UTC) are rejects: Python's `date`
+    and `datetime`, and so most analysts' clients, cannot read them."""
+    year = pc.year(converted.values)
+    outside = pc.or_(pc.less(year, 1), pc.greater(year, 9999))
+    converted.values = _null_where(converted.values, outside)
+    converted.errors.append((_mask(outside), "outside the years 0001-9999"))
+    return converted
+
+
 def _cast_whole(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
     """The whole column cast at once, or None when some value does not parse."""
     try:
@@ -191,14 +202,14 @@ def to_date(arr: pa.Array, fld: Field) -> Converted:
     # column every date is a calendar date: the costly round trip below is for the rest.
     values = _cast_whole(text, pa.date32())
     if values is not None:
-        return Converted(values, [shape_error])
+        return _in_years(Converted(values, [shape_error]))
     parsed = pc.strptime(text, "%Y-%m-%d", "s", error_is_null=True)
     # strptime rolls 2026-02-30 over to March: a round trip finds impossible dates.
     # A value strptime cannot read at all (month 13) is null there: also impossible.
     round_trips = pc.fill_null(pc.equal(pc.strftime(parsed, "%Y-%m-%d"), text), False)
     impossible = pc.and_(text.is_valid(), pc.invert(round_trips))
     values = pc.cast(_null_where(parsed, impossible), pa.date32())
-    return Converted(values, [shape_error, (_mask(impossible), "not a calendar date")])
+    return _in_years(Converted(values, [shape_error, (_mask(impossible), "not a calendar date")]))
 
 
 def _cut_fraction(text: pa.Array) -> pa.Array:
@@ -213,7 +224,7 @@ def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
     if not pc.any(_failing(arr, PLAIN_DATETIME_RE)).as_py():
         values = _cast_whole(arr, target)
         if values is not None:
-            return Converted(values)
+            return _in_years(Converted(values))
     shape = _failing(arr, DATETIME_RE)
     text = _null_where(arr, shape)
     text = _cut_fraction(text)
@@ -221,12 +232,11 @@ def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
     has_offset = pc.match_substring_regex(text, OFFSET_RE)
     text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))
     values, impossible = _cast_each(text, target)
-    return Converted(
-        values,
-        [
-            (_mask(shape), "not an ISO 8601 date-time"),
-            (impossible, "not a valid date-time"),
-        ],
+    return _in_years(
+        Converted(
+            values,
+            [(_mask(shape), "not an ISO 8601 date-time"), (impossible, "not a valid date-time")],
+        )
     )
 
 
@@ -280,20 +290,32 @@ def _raw_columns(
     """Each known field as an Arrow array of its JSON type, or as text where kinds are mixed."""
     struct_type = json_struct_type(entity)
     errors: list[tuple[str, np.ndarray, str]] = []
-    try:
-        struct = pa.array(records, type=struct_type)
-        return {f.name: struct.field(f.name) for f in entity.fields}, errors
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        pass
+    loose = _floats_in_integers(struct_type, records)
+    if not loose:
+        try:
+            struct = pa.array(records, type=struct_type)
+            return {f.name: struct.field(f.name) for f in entity.fields}, errors
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
     columns: dict[str, pa.Array] = {}
     for fld in entity.fields:
-        values = [r.get(fld.name) for r in records]
-        try:
-            columns[fld.name] = pa.array(values, type=struct_type.field(fld.name).type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            columns[fld.name], wrong = _loose_column(records, fld)
-            errors.extend((fld.name, mask, reason) for mask, reason in wrong)
+        if fld.name not in loose:
+            values = [r.get(fld.name) for r in records]
+            try:
+                columns[fld.name] = pa.array(values, type=struct_type.field(fld.name).type)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                pass
+        columns[fld.name], wrong = _loose_column(records, fld)
+        errors.extend((fld.name, mask, reason) for mask, reason in wrong)
     return columns, errors
+
+
+def _floats_in_integers(struct_type: pa.StructType, records: Sequence[dict]) -> set[str]:
+    """Integer fields holding a JSON number with a fraction or exponent: pyarrow would
+    truncate 1.5 to 1 without a word, so these columns take the loose path and reject it."""
+    integers = [f.name for f in struct_type if f.type == pa.int64()]
+    return {name for name in integers if any(type(r.get(name)) is float for r in records)}
 
 
 def _extras(records: Sequence[dict], unknown: list[str]) -> pa.Array:
