@@ -93,7 +93,8 @@ TEXT_BY_KIND: dict[str, Callable[[object], object]] = {
     "boolean": lambda v: v,  # stays a bool: the only kind BOOLEAN accepts
 }
 
-INTEGER_RE = r"^-?[0-9]{1,19}$"  # BIGINT's 19 digits; the cast finds what overflows
+# Up to BIGINT's 19 digits, leading zeros aside; the cast finds what overflows.
+INTEGER_RE = r"^-?0*[0-9]{1,19}$"
 NUMBER_RE = r"^-?[0-9]+(\.[0-9]+)?$"
 _INT_DIGITS = DECIMAL_PRECISION - DECIMAL_SCALE
 # Leading zeros and trailing fractional zeros lose nothing; any other digit beyond
@@ -227,7 +228,7 @@ def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
             return _in_years(Converted(values))
     shape = _failing(arr, DATETIME_RE)
     text = _null_where(arr, shape)
-    text = _cut_fraction(text)
+    text = pc.replace_substring_regex(_cut_fraction(text), "z$", "Z")  # Arrow reads only Z
     # A date-time without an offset is taken as UTC (the spec promises an offset or Z).
     has_offset = pc.match_substring_regex(text, OFFSET_RE)
     text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))

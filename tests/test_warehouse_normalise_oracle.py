@@ -1,0 +1,177 @@
+"""Normalisation against a reference written with Python's own types, value by value.
+
+normalise converts columns with regular expressions and Arrow casts; here each text is
+built from hostile parts (year 0, month 13, hour 24, leap seconds, seven-digit fractions,
+lower-case `z`, offsets beyond a day, leading zeros, digits beyond DECIMAL(18,4)) and what
+lands, or the reject, must be what `datetime`, `date`, `time`, `Decimal` and `int` say.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from connectors.clinical_records.catalogue import APPOINTMENTS, CLAIMS, EntitySet
+from tests.warehouse_records import record
+from warehouse.normalise import normalise
+
+DATETIME = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})"
+    r"(?::([0-9]{2})(?:\.([0-9]+))?)?([Zz]|[+-][0-9]{2}(?::?[0-9]{2})?)?"
+)
+
+
+def expected_datetime(text: str) -> datetime | None:
+    """ISO 8601 with an offset (none means UTC), fractions cut to microseconds, in UTC."""
+    match = DATETIME.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micros = int((fraction or "")[:6].ljust(6, "0"))
+    shift = timedelta()
+    if offset and offset not in "Zz":
+        digits = offset[1:].replace(":", "")
+        hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+        if hours > 23 or minutes > 59:
+            return None
+        shift = timedelta(hours=hours, minutes=minutes) * (-1 if offset[0] == "-" else 1)
+    try:
+        local = datetime(int(year), int(month), int(day), int(hour), int(minute))
+        local = local.replace(second=int(second or 0), microsecond=micros)
+        return (local - shift).replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        return None
+
+
+def expected_date(text: str) -> date | None:
+    if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def expected_time(text: str) -> time | None:
+    if not re.fullmatch(r"[0-9]{2}:[0-9]{2}:[0-9]{2}", text):
+        return None
+    try:
+        return time.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def expected_bigint(text: str) -> int | None:
+    if not re.fullmatch(r"-?[0-9]+", text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def expected_decimal(text: str) -> Decimal | None:
+    """Exact in DECIMAL(18,4): at most 14 digits before the point and 4 after (zeros aside)."""
+    if not re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text):
+        return None
+    value = Decimal(text)
+    if value != value.quantize(Decimal("0.0001")) or abs(value) >= 10**14:
+        return None
+    return value
+
+
+def texts(*parts: list[str]) -> st.SearchStrategy[str]:
+    return st.tuples(*(st.sampled_from(p) for p in parts)).map("".join)
+
+
+YEARS = ["0000", "0001", "1969", "2024", "2026", "9999", "202"]
+MONTHS = ["-01", "-02", "-12", "-13", "-00", "-1"]
+DAYS = ["-01", "-28", "-29", "-30", "-31", "-32", "-00"]
+DATES = texts(YEARS, MONTHS, DAYS)
+CLOCK = texts(["00", "09", "23", "24", "9"], [":00", ":59", ":60"], ["", ":00", ":59", ":60"])
+DATETIMES = texts(
+    YEARS,
+    MONTHS,
+    DAYS,
+    ["T", " ", "t"],
+    ["00", "09", "23", "24"],
+    [":00", ":59", ":60"],
+    ["", ":00", ":59", ":60"],
+    ["", ".5", ".123456", ".1234567", ".999999999", "."],
+    ["", "Z", "z", "+00:00", "-00:00", "+14:00", "-12:30", "+0530", "+05", "+24:00", "+23:60"],
+)
+TIMES = texts(["00", "09", "23", "24", "9"], [":00", ":59", ":60"], [":00", ":59", ":60", ""])
+INTEGERS = texts(["", "-"], ["0", "00000000000000000001", "7", "9223372036854775807"], ["", "8"])
+DECIMALS = texts(
+    ["", "-"],
+    ["0", "1", "99999999999999", "100000000000000", "000000000000000000012"],
+    ["", ".1", ".0001", ".00001", ".10000", ".", "e3"],
+)
+NOISE = st.text(alphabet="0123456789-:.TZ+ ", max_size=12)
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def check(entity: EntitySet, values: list[dict[str, str]], expect: dict) -> None:
+    """Each record carries `values`; it lands with what `expect` says, or is a reject
+    naming exactly the fields `expect` refuses."""
+    records = [record(entity, i, **sent) for i, sent in enumerate(values)]
+    batch = normalise(entity, records)
+    landed = {row[entity.key]: row for row in batch.table.to_pylist()}
+    refused = {r.key: set(r.fields) for r in batch.errors}
+    reasons = {r.key: r.reason for r in batch.errors}
+    for record_, sent in zip(records, values, strict=True):
+        key = record_[entity.key]
+        wanted = {name: expect[name](text) for name, text in sent.items()}
+        bad = {name for name, value in wanted.items() if value is None}
+        if bad:
+            assert refused.get(str(key)) == bad, (sent, reasons.get(str(key)))
+        else:
+            assert key in landed, (sent, reasons.get(str(key)))
+            assert {name: landed[key][name] for name in sent} == wanted, sent
+
+
+APPOINTMENT_EXPECT = {
+    "appointment_date": expected_date,
+    "start_time": expected_time,
+    "start_datetime": expected_datetime,
+    "patient_id": expected_bigint,
+}
+APPOINTMENT_VALUES = st.fixed_dictionaries(
+    {
+        "appointment_date": st.one_of(DATES, NOISE),
+        "start_time": st.one_of(TIMES, CLOCK, NOISE),
+        "start_datetime": st.one_of(DATETIMES, NOISE),
+        "patient_id": st.one_of(INTEGERS, NOISE),
+    }
+)
+
+
+@SETTINGS
+@given(st.lists(APPOINTMENT_VALUES, min_size=1, max_size=8))
+@example(
+    [
+        {
+            "appointment_date": "0001-01-01",
+            "start_time": "23:59:59",
+            "start_datetime": "2026-01-01T10:00:00.1234567+05:30",
+            "patient_id": "00000000000000000001",
+        },
+        {
+            "appointment_date": "2024-02-29",
+            "start_time": "00:00:00",
+            "start_datetime": "2026-01-01T10:00z",
+            "patient_id": "-9223372036854775808",
+        },
+    ]
+)
+def test_appointment_values_are_what_python_reads(values):
+    check(APPOINTMENTS, values, APPOINTMENT_EXPECT)
+
+
+@SETTINGS
+@given(st.lists(st.fixed_dictionaries({"total_claim_amount": DECIMALS}), min_size=1, max_size=8))
+def test_claim_amounts_are_what_decimal_reads(values):
+    check(CLAIMS, values, {"total_claim_amount": expected_decimal})
