@@ -35,7 +35,7 @@ BY_TYPE: dict[Canonical, list[object]] = {
     ],
     Canonical.TIME: ["00:00:00", "23:59:59", "24:00:00", "9:00:00"],
     Canonical.BOOLEAN: [True, False],
-    Canonical.VARCHAR: ["x", "Zoë", 42, "x" * 300],
+    Canonical.VARCHAR: ["x", "Zoë", 42, "x" * 300, "Zo\ud83d"],  # half a surrogate pair
 }
 MISSING, SAMPLE = object(), object()  # a field left out; a field keeping its good sample
 

@@ -156,6 +156,24 @@ def test_over_long_string_is_kept_in_full_with_a_warning(harness):
     assert "max length 25" in why
 
 
+def test_half_a_surrogate_pair_is_kept_replaced_with_the_record_as_sent_in_a_warning(harness):
+    """JSON can escape half of an emoji's UTF-16 pair (a string cut by the source); Python
+    reads it, Arrow and DuckDB cannot store it."""
+    cut = json.loads('{"first_name": "Zo\\ud83d", "note\\udc00": "x"}')
+    result = harness.sync(PATIENTS, [record(PATIENTS, 1, **cut), record(PATIENTS, 2)])
+    assert (result.inserted, result.rejected) == (2, 0)
+    rows = harness.rows('SELECT "first_name", "_extras" FROM "clinical"."patients" ORDER BY "id"')
+    assert rows[0][0] == "Zo\ufffd" and json.loads(rows[0][1]) == {"note\ufffd": "x"}
+    (fields, why, raw) = harness.rows(
+        'SELECT "fields", "reason", "raw_json" FROM "ops"."rejects" '
+        "WHERE \"kind\" = 'warning' AND \"reason\" LIKE '%surrogate%'"
+    )[0]
+    assert sorted(fields) == ["first_name", "note\ufffd"]
+    assert "U+FFFD" in why
+    sent = json.loads(raw)
+    assert sent["first_name"] == "Zo\\ud83d" and sent["note\\udc00"] == "x"
+
+
 def test_unknown_fields_are_kept_in_extras_and_reported(harness):
     harness.sync(PATIENTS, [record(PATIENTS, 1, loyalty_tier="gold", flags={"vip": True})])
     rows = harness.rows(

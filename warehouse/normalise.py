@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -339,6 +341,74 @@ def _key_of(entity: EntitySet, record: object) -> str | None:
 
 def normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
     """Records as the API sends them -> canonical table, rejects and unknown members."""
+    try:
+        return _normalise(entity, records)
+    except UnicodeEncodeError:  # a lone UTF-16 surrogate somewhere (rare): not storable
+        return _surrogates_replaced(entity, records)
+
+
+def _surrogates_replaced(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
+    """JSON may escape half a UTF-16 pair (the "\\ud83d" of an emoji cut in two), which is not
+    Unicode: neither Arrow nor DuckDB (nor a JSON column) can store it. Such text is kept with
+    U+FFFD in its place, with a warning per record whose raw JSON spells each half out."""
+    cleaned: list[object] = []
+    notes: list[Reject] = []
+    for record in records:
+        if not _has_surrogate(record):
+            cleaned.append(record)
+            continue
+        clean = _map_text(record, _replaced)
+        cleaned.append(clean)
+        touched = [k for k, v in record.items() if _has_surrogate(k) or _has_surrogate(v)]
+        notes.append(
+            Reject(
+                entity.name,
+                _key_of(entity, clean),
+                WARNING,
+                tuple(_replaced(k) for k in touched),
+                "text held half a UTF-16 surrogate pair (not Unicode); kept with U+FFFD in its "
+                "place (raw_json spells it as the text \\uXXXX)",
+                _raw_json(_map_text(record, _spelled)),
+            )
+        )
+    batch = _normalise(entity, cleaned)
+    batch.rejects += notes
+    return batch
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str, only a lone half matches
+
+
+def _has_surrogate(value: object) -> bool:
+    if type(value) is str:
+        return _SURROGATE.search(value) is not None
+    if type(value) is dict:
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if type(value) is list:
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
+def _map_text(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` with `change` applied to every string in it, member names included."""
+    if type(value) is str:
+        return change(value)
+    if type(value) is dict:
+        return {change(k): _map_text(v, change) for k, v in value.items()}
+    if type(value) is list:
+        return [_map_text(v, change) for v in value]
+    return value
+
+
+def _replaced(text: str) -> str:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _spelled(text: str) -> str:
+    return _SURROGATE.sub(lambda half: f"\\u{ord(half.group()):04x}", text)
+
+
+def _normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
     schema = arrow_schema(entity)
     objects = [r for r in records if type(r) is dict]
     rejects = [
