@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -117,4 +118,16 @@ def test_a_next_link_to_another_host_is_not_followed(hostile, tmp_path: Path) ->
         pytest.raises(MalformedResponse, match="outside the service"),
     ):
         list(client.iter_pages(cat.PATIENTS))
+    assert len(server.seen) == 1
+
+
+def test_records_whose_key_is_no_key_are_passed_on_not_fatal(hostile, tmp_path: Path) -> None:
+    """An object, array, boolean or fraction where the id belongs cannot be paged by (nor
+    hashed, for the first two): such records reach the caller for normalise to reject."""
+    server, origin = hostile
+    odd = [{"id": {"a": 1}}, {"id": [2]}, {"id": True}, {"id": 1.5}, {"id": "3"}]
+    server.script = [json.dumps({"@odata.count": 1, "value": odd}).encode()]
+    with ClinicalClient(settings(origin, tmp_path)) as client:
+        pages = list(client.iter_pages(cat.PATIENTS))
+    assert [p.records for p in pages] == [odd]
     assert len(server.seen) == 1

@@ -140,7 +140,7 @@ class Pager:
                     yield from self._keyset(upper=None)  # deletes moved the end: read on to it
                     self._check_total()
                     return
-                first_key = window[0].get(self.key)
+                first_key = self._key(window[0])
                 if first_key not in self.seen:
                     self.repairs += 1
                     yield from self._keyset(upper=first_key)
@@ -203,8 +203,8 @@ class Pager:
         fresh = []
         keyed = []
         for record in records:
-            key = record.get(self.key)
-            if key is None:  # a record without its key: passed on for normalise to reject
+            key = self._key(record)
+            if key is None:  # a record without a usable key: passed on for normalise to reject
                 fresh.append(record)
                 continue
             keyed.append(key)
@@ -218,6 +218,12 @@ class Pager:
             self.number += 1
             if self.progress is not None:
                 self.progress(self.entity.name, self.number, max(self.pages_total, self.number))
+
+    def _key(self, record: dict) -> str | int | None:
+        """The record's key when it is one (a string or an integer); an object, array,
+        boolean or fraction in the key's place is no key to page by or to compare."""
+        key = record.get(self.key)
+        return key if type(key) in (str, int) else None
 
     def _check_total(self) -> None:
         if self.total is not None and self.repairs == 0 and len(self.seen) != self.total:
