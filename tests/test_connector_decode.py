@@ -17,7 +17,10 @@ def test_an_integer_wider_than_64_bits_arrives_exactly():
     }
 
 
-@pytest.mark.parametrize("body", [b'{"value": [', b"<html>502</html>", b""])
+DEEP = b'{"value": [{"id": 1, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}]}"  # valid, too deep
+
+
+@pytest.mark.parametrize("body", [b'{"value": [', b"<html>502</html>", b"", DEEP])
 def test_a_body_that_is_not_json_raises_value_error(body):
     with pytest.raises(ValueError):
         decode_json(body)

@@ -18,8 +18,12 @@ _decoder = msgspec.json.Decoder()
 
 
 def decode_json(content: bytes) -> Any:
-    """Decode a JSON body; raises ValueError when it is not JSON at all."""
+    """Decode a JSON body; raises ValueError when it is not JSON at all, or nests deeper
+    than a decoder can follow (both decoders raise RecursionError at ~1,000 levels)."""
     try:
-        return _decoder.decode(content)
-    except msgspec.DecodeError:
-        return json.loads(content)
+        try:
+            return _decoder.decode(content)
+        except msgspec.DecodeError:
+            return json.loads(content)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to decode") from None

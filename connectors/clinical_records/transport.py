@@ -227,7 +227,7 @@ class Transport:
             try:
                 decoded = decode_json(content)
             except ValueError:
-                raise _Retry("body is not JSON (truncated or garbled)") from None
+                raise _Retry("body is not JSON (truncated, garbled or nested too deeply)") from None
             if validate is not None:
                 try:
                     validate(decoded)
