@@ -203,6 +203,18 @@ def test_filter_on_date_time_compares_instants(api, sandbox):
     assert body["@odata.count"] == sum(1 for r in rows if r["updated_at"] is not None)
 
 
+def test_a_long_or_chain_and_deep_parentheses_are_answered(api, sandbox):
+    """600 alternatives fit in a URL and once overflowed the stack (a 500)."""
+    keys = sandbox.store.table("Claims").keys
+    chain = " or ".join(f"id eq {k}" for k in keys[:600])
+    body = api.get("Claims", params={"$filter": chain, "$count": "true", "$top": "0"}).json()
+    assert body["@odata.count"] == min(600, len(keys))
+    nested = "(" * 100 + f"id eq {keys[0]}" + ")" * 100
+    assert [r["id"] for r in api.get("Claims", params={"$filter": nested}).json()["value"]] == [
+        keys[0]
+    ]
+
+
 def test_select_and_orderby_desc(api):
     body = api.get("Branches", params={"$select": "id,name", "$orderby": "id desc"}).json()
     assert all(set(r) == {"id", "name"} for r in body["value"])
@@ -222,6 +234,10 @@ def test_select_and_orderby_desc(api):
         ({"$skip": "-1"}, "InvalidQueryOption", ""),
         ({"$count": "maybe"}, "InvalidQueryOption", ""),
         ({"$search": "x"}, "InvalidQueryOption", "$search"),
+        # Deeper than Python's stack: a 400 that says why, not a 500.
+        ({"$filter": "(" * 101 + "id eq 1" + ")" * 101}, "InvalidFilter", "deeper than 100"),
+        ({"$filter": "not " * 300 + "active"}, "InvalidFilter", "deeper than 100"),
+        ({"$filter": "id eq 1" + "0" * 5000}, "InvalidFilter", "Invalid integer"),
     ],
 )
 def test_bad_queries_get_the_error_body(api, params, code, needle):

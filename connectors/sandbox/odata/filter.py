@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from functools import lru_cache, reduce
+from functools import lru_cache
 from typing import Any
 
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
@@ -201,17 +201,36 @@ class Unary:
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # a comparison, "and" or "or"
+    op: str  # a comparison
     left: Node
     right: Node
     pos: int
 
 
-Node = Literal | Prop | Call | Unary | Binary
+@dataclass(frozen=True)
+class Chain:
+    """`a or b or c`: one flat node, so a long chain costs no recursion anywhere."""
+
+    op: str  # "and" / "or"
+    operands: tuple[Node, ...]
+
+
+Node = Literal | Prop | Call | Unary | Binary | Chain
+# Parentheses, `not` and calls nest at most this deep: deeper would exhaust Python's stack
+# (a 500) long before it meant anything; the spec sets no limit, so the error explains.
+MAX_NESTING = 100
+
+
+def _int_literal(text: str) -> int | Any:
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (4,300)
+        return INVALID
+
 
 LITERAL_VALUES: dict[str, Callable[[str], object]] = {
     "string": lambda text: text[1:-1].replace("''", "'"),
-    "int": int,
+    "int": _int_literal,
     "decimal": Decimal,
     "date": parse_date,
     "datetime": parse_instant,
@@ -224,6 +243,7 @@ class Parser:
     def __init__(self, text: str) -> None:
         self.tokens = list(tokenize(text))
         self.index = 0
+        self.depth = 0
 
     @property
     def peek(self) -> Token:
@@ -255,11 +275,19 @@ class Parser:
         return self._chain(("and",), self.comparison)
 
     def _chain(self, ops: tuple[str, ...], operand: Callable[[], Node]) -> Node:
-        node = operand()
+        operands = [operand()]
         while self.at("name", *ops):
-            token = self.take()
-            node = Binary(token.text, node, operand(), token.pos)
-        return node
+            op = self.take().text
+            operands.append(operand())
+        return operands[0] if len(operands) == 1 else Chain(op, tuple(operands))
+
+    def _nest(self, token: Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise syntax_error(
+                f"Parentheses, 'not' and calls nest deeper than {MAX_NESTING} levels "
+                f"at position {token.pos}."
+            )
 
     def comparison(self) -> Node:
         left = self.unary()
@@ -271,14 +299,19 @@ class Parser:
     def unary(self) -> Node:
         if self.at("name", "not"):
             token = self.take()
-            return Unary("not", self.unary(), token.pos)
+            self._nest(token)
+            node = Unary("not", self.unary(), token.pos)
+            self.depth -= 1
+            return node
         return self.primary()
 
     def primary(self) -> Node:
         token = self.take()
         if token.kind == "punct" and token.text == "(":
+            self._nest(token)
             node = self.disjunction()
             self.expect("punct", ")")
+            self.depth -= 1
             return node
         if token.kind in LITERAL_VALUES:
             value = LITERAL_VALUES[token.kind](token.text)
@@ -296,12 +329,13 @@ class Parser:
         raise unexpected(token, "expected a property, a literal, 'not' or '('")
 
     def call(self, name: Token) -> Call:
-        self.take()
+        self._nest(self.take())
         args = [self.disjunction()]
         while self.at("punct", ","):
             self.take()
             args.append(self.disjunction())
         self.expect("punct", ")")
+        self.depth -= 1
         return Call(name.text, tuple(args), name.pos)
 
 
@@ -395,8 +429,8 @@ def resolve(entity: EntitySet, prop: Prop) -> Field:
 
 def bind(node: Node, entity: EntitySet) -> Condition:
     """Type-check a syntax tree as a boolean condition on `entity`."""
-    if isinstance(node, Binary) and node.op in ("and", "or"):
-        return Junction(node.op, (bind(node.left, entity), bind(node.right, entity)))
+    if isinstance(node, Chain):
+        return Junction(node.op, tuple(bind(operand, entity) for operand in node.operands))
     if isinstance(node, Binary):
         return bind_comparison(node, entity)
     if isinstance(node, Unary):
@@ -513,8 +547,8 @@ def _compile_text(node: TextMatch) -> Predicate:
 def _compile_junction(node: Junction) -> Predicate:
     parts = [compile_condition(part) for part in node.parts]
     if node.op == "and":
-        return reduce(lambda a, b: lambda record: a(record) and b(record), parts)
-    return reduce(lambda a, b: lambda record: a(record) or b(record), parts)
+        return lambda record: all(part(record) for part in parts)
+    return lambda record: any(part(record) for part in parts)
 
 
 def _compile_not(node: Not) -> Predicate:
