@@ -30,6 +30,8 @@ REJECTED: dict[int, tuple[dict, str]] = {
     9_000_002: ({"date_of_service": "2026-02-30"}, "date_of_service"),  # no such day
     9_000_003: ({"total_claim_amount": "12.5O"}, "total_claim_amount"),  # a letter O
     9_000_004: ({"total_claim_paid": "123456789012345.12345"}, "total_claim_paid"),  # lossy
+    9_000_005: ({"prescription_id": 1.5}, "prescription_id"),  # would be truncated to 1
+    9_000_006: ({"date_of_service": "0000-01-01"}, "date_of_service"),  # year 0
 }
 # key -> change kept: the row lands, the oddity is noted or kept.
 KEPT: dict[int, dict] = {
