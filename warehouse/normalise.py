@@ -359,7 +359,8 @@ def _surrogates_replaced(entity: EntitySet, records: Sequence[object]) -> Normal
             continue
         clean = _map_text(record, _replaced)
         cleaned.append(clean)
-        touched = [k for k, v in record.items() if _has_surrogate(k) or _has_surrogate(v)]
+        members = record.items() if type(record) is dict else ()
+        touched = [k for k, v in members if _has_surrogate(k) or _has_surrogate(v)]
         notes.append(
             Reject(
                 entity.name,
