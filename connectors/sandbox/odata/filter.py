@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
@@ -275,19 +276,22 @@ class Parser:
         return self._chain(("and",), self.comparison)
 
     def _chain(self, ops: tuple[str, ...], operand: Callable[[], Node]) -> Node:
-        operands = [operand()]
+        operands, op = [operand()], ""
         while self.at("name", *ops):
             op = self.take().text
             operands.append(operand())
         return operands[0] if len(operands) == 1 else Chain(op, tuple(operands))
 
-    def _nest(self, token: Token) -> None:
+    @contextmanager
+    def _nested(self, token: Token) -> Iterator[None]:
         self.depth += 1
         if self.depth > MAX_NESTING:
             raise syntax_error(
                 f"Parentheses, 'not' and calls nest deeper than {MAX_NESTING} levels "
                 f"at position {token.pos}."
             )
+        yield
+        self.depth -= 1
 
     def comparison(self) -> Node:
         left = self.unary()
@@ -299,20 +303,17 @@ class Parser:
     def unary(self) -> Node:
         if self.at("name", "not"):
             token = self.take()
-            self._nest(token)
-            node = Unary("not", self.unary(), token.pos)
-            self.depth -= 1
-            return node
+            with self._nested(token):
+                return Unary("not", self.unary(), token.pos)
         return self.primary()
 
     def primary(self) -> Node:
         token = self.take()
         if token.kind == "punct" and token.text == "(":
-            self._nest(token)
-            node = self.disjunction()
-            self.expect("punct", ")")
-            self.depth -= 1
-            return node
+            with self._nested(token):
+                node = self.disjunction()
+                self.expect("punct", ")")
+                return node
         if token.kind in LITERAL_VALUES:
             value = LITERAL_VALUES[token.kind](token.text)
             if value is INVALID:
@@ -329,14 +330,13 @@ class Parser:
         raise unexpected(token, "expected a property, a literal, 'not' or '('")
 
     def call(self, name: Token) -> Call:
-        self._nest(self.take())
-        args = [self.disjunction()]
-        while self.at("punct", ","):
-            self.take()
-            args.append(self.disjunction())
-        self.expect("punct", ")")
-        self.depth -= 1
-        return Call(name.text, tuple(args), name.pos)
+        with self._nested(self.take()):
+            args = [self.disjunction()]
+            while self.at("punct", ","):
+                self.take()
+                args.append(self.disjunction())
+            self.expect("punct", ")")
+            return Call(name.text, tuple(args), name.pos)
 
 
 RESERVED = frozenset({*COMPARISONS, "and", "or", "not"})
@@ -545,10 +545,19 @@ def _compile_text(node: TextMatch) -> Predicate:
 
 
 def _compile_junction(node: Junction) -> Predicate:
-    parts = [compile_condition(part) for part in node.parts]
-    if node.op == "and":
-        return lambda record: all(part(record) for part in parts)
-    return lambda record: any(part(record) for part in parts)
+    return _balanced([compile_condition(part) for part in node.parts], node.op == "and")
+
+
+def _balanced(parts: list[Predicate], conjunction: bool) -> Predicate:
+    """Closures paired as a balanced tree: a chain of n parts nests log2(n) calls deep
+    (a linear chain overflowed Python's stack) and runs as fast as one `a and b`."""
+    if len(parts) == 1:
+        return parts[0]
+    half = len(parts) // 2
+    left, right = _balanced(parts[:half], conjunction), _balanced(parts[half:], conjunction)
+    if conjunction:
+        return lambda record: left(record) and right(record)
+    return lambda record: left(record) or right(record)
 
 
 def _compile_not(node: Not) -> Predicate:
