@@ -113,7 +113,9 @@ class _BatchWriter:
         self.cursors.append(_max_cursor(self.entity, batch.table))
         self.rejected += sum(1 for r in batch.rejects if r.kind == REJECT)
         if final and self.plan.moves_watermark:
-            self.watermark = watermark_of(self.entity, self.cursors, self.previous)
+            self.watermark = watermark_of(
+                self.entity, self.cursors, self.previous, ceiling=self.extracted_at
+            )
         empty = batch.table.num_rows == 0 and not batch.rejects
         if final and empty and not self.files and not self.plan.snapshot:
             return  # nothing new: no file; the load still commits the run's state

@@ -5,12 +5,15 @@ and the run's options, so they are tested without a server or a warehouse.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet, Strategy
+
+log = logging.getLogger(__name__)
 
 
 class Mode(StrEnum):
@@ -140,8 +143,14 @@ def plan(
     return PLANNERS[entity.strategy](entity, state, options, now)
 
 
-def watermark_of(entity: EntitySet, values: list[object], previous: str | None) -> str | None:
-    """The highest cursor value seen (ISO text), never below the previous watermark."""
+def watermark_of(
+    entity: EntitySet, values: list[object], previous: str | None, ceiling: datetime
+) -> str | None:
+    """The highest cursor value seen (ISO text), never below the previous watermark and never
+    after `ceiling`, when the extraction began. A cursor in the future (a typo, or a sentinel
+    such as 9999-12-31) would otherwise hold the watermark there, and every later increment
+    would skip the changes made until then; capped, the next increment re-reads that record
+    and goes on from here."""
     if entity.cursor is None:
         return previous
     seen = [v for v in values if v is not None]
@@ -149,4 +158,15 @@ def watermark_of(entity: EntitySet, values: list[object], previous: str | None) 
         seen.append(parse_watermark(entity, previous))
     if not seen:
         return None
-    return max(seen).isoformat()  # type: ignore[type-var]
+    highest = max(seen)  # type: ignore[type-var]
+    cap = ceiling.date() if cursor_is_date(entity) else ceiling
+    if highest > cap:
+        log.warning(
+            "%s: %s reaches %s, after the extraction began; the watermark stays at %s",
+            entity.name,
+            entity.cursor,
+            highest.isoformat(),
+            cap.isoformat(),
+        )
+        highest = cap
+    return highest.isoformat()

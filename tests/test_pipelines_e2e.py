@@ -7,7 +7,7 @@ own `normalise` applied to the truth records): same keys, same values.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import duckdb
@@ -185,3 +185,19 @@ def test_backfill_and_an_unloaded_extraction_leave_the_watermark(fresh_sandbox, 
     target.sync(only=["Appointments"])
     assert_truth_contained(target, appointments)
     assert target.watermark(appointments) > marks["Appointments"]
+
+
+def test_a_record_updated_in_the_future_does_not_carry_the_watermark_there(fresh_sandbox, tmp_path):
+    """A typo or a sentinel (9999-12-31) in one record's cursor would hold the watermark
+    there, and every later increment would skip what changed until then."""
+    appointments = entity("Appointments")
+    template = next(iter(fresh_sandbox.store.ground_truth()["Appointments"]))
+    fresh_sandbox.control().plant(
+        "Appointments", {**template, "id": "apt-from-9999", "updated_at": "9999-12-31T00:00:00Z"}
+    )
+    target = Target(fresh_sandbox, tmp_path)
+    began = datetime.now(UTC)
+    target.sync(only=["Appointments"])
+    assert "apt-from-9999" in target.live(appointments)
+    mark = datetime.fromisoformat(target.watermark(appointments))
+    assert began <= mark <= datetime.now(UTC)

@@ -94,14 +94,27 @@ def test_every_strategy_of_the_catalogue_has_a_planner():
     }
 
 
+BEGAN = datetime(2027, 1, 1, tzinfo=UTC)  # when the extraction began
+
+
 def test_watermark_never_moves_backwards():
     older = datetime(2026, 1, 1, tzinfo=UTC)
     newer = datetime(2026, 12, 1, tzinfo=UTC)
     previous = "2026-06-01T00:00:00+00:00"
-    assert watermark_of(APPOINTMENTS, [older, None], previous) == previous
-    assert watermark_of(APPOINTMENTS, [newer], previous) == newer.isoformat()
-    assert watermark_of(CLAIMS, [date(2026, 3, 2)], None) == "2026-03-02"
-    assert watermark_of(BRANCHES, [], None) is None
+    assert watermark_of(APPOINTMENTS, [older, None], previous, BEGAN) == previous
+    assert watermark_of(APPOINTMENTS, [newer], previous, BEGAN) == newer.isoformat()
+    assert watermark_of(CLAIMS, [date(2026, 3, 2)], None, BEGAN) == "2026-03-02"
+    assert watermark_of(BRANCHES, [], None, BEGAN) is None
+
+
+def test_a_cursor_in_the_future_holds_the_watermark_at_the_extraction_start(caplog):
+    """One record updated "in 9999" must not make every later increment skip changes."""
+    sentinel = datetime(9999, 12, 31, tzinfo=UTC)
+    assert watermark_of(APPOINTMENTS, [sentinel], None, BEGAN) == BEGAN.isoformat()
+    assert watermark_of(CLAIMS, [date(2099, 1, 1)], "2026-03-02", BEGAN) == "2027-01-01"
+    # A watermark stored in the future by an earlier version comes back to the present.
+    assert watermark_of(APPOINTMENTS, [], "2099-01-01T00:00:00+00:00", BEGAN) == BEGAN.isoformat()
+    assert "updated_at reaches 9999-12-31" in caplog.text
 
 
 def test_models_name_their_view_and_the_tables_they_join():
