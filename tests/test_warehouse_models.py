@@ -187,3 +187,31 @@ def test_broken_references(linked):
         ("Claims", "3", "prescription_id", "999"),
         ("InsuranceVerifications", "9", "prescription_id", "555"),
     ]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "America/Los_Angeles"])
+def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path, zone):
+    """delivered_on is free text; a date-time's date is the clinic's day as written, not
+    the day the offset and the analyst's TimeZone setting would make of it."""
+    h = Harness(tmp_path)
+    written = {
+        1: "2026-01-11T23:30:00-05:00",
+        2: "2026-01-11T00:30:00+09:00",
+        3: "2026-01-11 08:00",
+        4: "2026-01-11",
+        5: "left at the door",
+    }
+    h.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, k, delivered_on=v) for k, v in written.items()])
+    h.wh.refresh_models()
+    h.rows(f"SET TimeZone = '{zone}'")
+    days = dict(
+        h.rows("SELECT prescription_id, delivered_date FROM analytics.prescription_summary")
+    )
+    assert days == {
+        1: date(2026, 1, 11),
+        2: date(2026, 1, 11),
+        3: date(2026, 1, 11),
+        4: date(2026, 1, 11),
+        5: None,
+    }
+    h.close()

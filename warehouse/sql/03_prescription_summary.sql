@@ -1,6 +1,8 @@
 -- One row per live prescription: patient, branch, physicians, claim totals, the latest
 -- verification, and the days from prescription to delivery to first claim.
--- delivered_on is free text in the spec; it is read as a date-time or a date where it parses.
+-- delivered_on is free text in the spec; where it starts with a date (alone or before a
+-- time), that date as written is the delivery day: the clinic's day, whatever the offset
+-- and whatever TimeZone the reading session has.
 CREATE OR REPLACE VIEW analytics.prescription_summary AS
 WITH claim_totals AS (
     SELECT
@@ -27,9 +29,10 @@ latest_verification AS (
 delivered AS (
     SELECT
         id,
-        coalesce(
-            try_cast(delivered_on AS TIMESTAMPTZ)::DATE, try_cast(delivered_on AS DATE)
-        ) AS delivered_date
+        CASE
+            WHEN regexp_matches(delivered_on, '^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ]|$)')
+                THEN try_cast(left(delivered_on, 10) AS DATE)
+        END AS delivered_date
     FROM clinical.prescriptions
 )
 SELECT
