@@ -131,3 +131,17 @@ def test_records_whose_key_is_no_key_are_passed_on_not_fatal(hostile, tmp_path: 
         pages = list(client.iter_pages(cat.PATIENTS))
     assert [p.records for p in pages] == [odd]
     assert len(server.seen) == 1
+
+
+def test_a_key_sent_in_the_other_kind_bounds_keyset_paging_in_the_fields_kind(
+    hostile, tmp_path: Path
+) -> None:
+    """Patients' ids are strings; a page ending with the number 2 must continue with
+    `id gt '2'`, a query the service accepts (an unquoted 2 is a type error for it)."""
+    server, origin = hostile
+    first = {"@odata.count": 3, "value": [{"id": "1"}, {"id": 2}]}
+    server.script = [json.dumps(first).encode(), b'{"value": []}', b'{"value": []}']
+    with ClinicalClient(settings(origin, tmp_path)) as client:
+        pages = list(client.iter_pages(cat.PATIENTS))
+    assert [p.records for p in pages] == [first["value"]]
+    assert server.seen[-1].startswith("$filter=id%20gt%20%272%27")  # id gt '2'

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.clinical_records.catalogue import PAGE_SIZE, EntitySet
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.errors import PagingError
 from connectors.clinical_records.query import Comparison, Query, all_of
 
@@ -50,6 +51,7 @@ FetchLink = Callable[[str, int], Envelope]  # (nextLink, page number) -> validat
 Progress = Callable[[str, int, int], None]
 
 NEXT_LINK = "@odata.nextLink"
+_DIGITS = re.compile(r"-?[0-9]{1,18}")  # an Int32 key sent as text, well within int64
 COUNT = "@odata.count"
 MAX_LINKS = 1_000_000
 
@@ -103,6 +105,7 @@ class Pager:
         self.in_flight = max(1, in_flight)
         self.progress = progress
         self.key = entity.key
+        self.numeric_key = entity.key_field.type is Edm.INT32
         self.seen: set[Any] = set()
         self.last: Any = None  # the greatest key read so far (keys are read in order)
         self.total: int | None = None
@@ -220,10 +223,18 @@ class Pager:
                 self.progress(self.entity.name, self.number, max(self.pages_total, self.number))
 
     def _key(self, record: dict) -> str | int | None:
-        """The record's key when it is one (a string or an integer); an object, array,
-        boolean or fraction in the key's place is no key to page by or to compare."""
+        """The record's key in its field's type, as normalise will store it and as a keyset
+        bound must be written: a number where a string key belongs is its digits, digits
+        where a number key belongs are the number. Anything else (an object, an array, a
+        boolean, a fraction, other text) is no key to page by or to compare."""
         key = record.get(self.key)
-        return key if type(key) in (str, int) else None
+        if type(key) is int:
+            return key if self.numeric_key else str(key)
+        if type(key) is str and not self.numeric_key:
+            return key
+        if type(key) is str and _DIGITS.fullmatch(key):
+            return int(key)
+        return None
 
     def _check_total(self) -> None:
         if self.total is not None and self.repairs == 0 and len(self.seen) != self.total:
