@@ -32,6 +32,7 @@ from benchmarks.common import record
 from benchmarks.measure import last_json_line
 from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
 from connectors.clinical_records.decode import decode_json
+from pipelines.extract import BATCH_ROWS
 
 try:  # dlt brings orjson with the bench extra
     import orjson
@@ -297,7 +298,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2, help="extraction processes")
-    parser.add_argument("--pages-per-batch", type=int, default=200, help="pages per Parquet file")
+    parser.add_argument(
+        "--pages-per-batch",
+        type=int,
+        default=BATCH_ROWS // PAGE_SIZE,
+        help="pages per Parquet file (default: the extraction's own batch size)",
+    )
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument(
         "--dlt-records",
@@ -325,12 +331,17 @@ def main() -> None:
             write_pages(work / f"{case}.jsonl", args.records, version_of)
         print(
             f"{args.records:,} appointment records in {args.records // PAGE_SIZE:,} pages "
-            f"(generated in {time.perf_counter() - started:.1f} s; decoder {args.decoder})"
+            f"(generated in {time.perf_counter() - started:.1f} s; decoder {args.decoder}; "
+            f"{args.pages_per_batch * PAGE_SIZE:,} records a lake file)"
         )
         engines = {"ours": in_child("ours", work, args)}
         if not args.skip_dlt:
             engines["dlt"] = in_child("dlt", work, args)
-        figures: dict[str, object] = {"records": args.records, "decoder": args.decoder}
+        figures: dict[str, object] = {
+            "records": args.records,
+            "decoder": args.decoder,
+            "records_per_file": args.pages_per_batch * PAGE_SIZE,
+        }
         for case in CASES:
             for engine, results in engines.items():
                 if case not in results:
