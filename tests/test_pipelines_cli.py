@@ -11,6 +11,8 @@ import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.sandbox.server import SandboxServer
+from tests.warehouse_records import contents
 
 CLI = str(Path(sys.executable).with_name("clinical-sync"))
 
@@ -21,11 +23,11 @@ def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
     )
 
 
-@pytest.fixture
-def operator_env(sandbox, tmp_path) -> dict[str, str]:
+def env_for(server: SandboxServer, tmp_path: Path) -> dict[str, str]:
+    """What an operator sets: the sandbox's settings, a fast limit, files under tmp_path."""
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("CLINICAL_")},
-        **sandbox.env(),
+        **server.env(),
         "CLINICAL_RATE_LIMIT": "1000",
         "CLINICAL_BURST": "200",
         "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
@@ -33,6 +35,11 @@ def operator_env(sandbox, tmp_path) -> dict[str, str]:
         "LAKE_ROOT": str(tmp_path / "lake"),
         "DAGSTER_HOME": str(tmp_path / "dagster"),
     }
+
+
+@pytest.fixture
+def operator_env(sandbox, tmp_path) -> dict[str, str]:
+    return env_for(sandbox, tmp_path)
 
 
 @pytest.mark.integration
@@ -80,3 +87,24 @@ def test_config_errors_name_the_variable_and_exit_2(operator_env, tmp_path):
 
     unknown = run(["sync", "--only", "Nope"], operator_env, tmp_path)
     assert unknown.returncode == 2 and "--only" in unknown.stderr
+
+
+@pytest.mark.integration
+def test_rebuild_recreates_a_lost_warehouse_from_the_lake_without_the_api(fresh_sandbox, tmp_path):
+    env = env_for(fresh_sandbox, tmp_path)
+    synced = run(["sync"], env, tmp_path)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    warehouse = Path(env["WAREHOUSE_PATH"])
+    original = contents(warehouse)
+    assert sum(len(rows) for name, rows in original.items() if name.startswith("clinical.")) > 0
+    warehouse.unlink()
+    requests = fresh_sandbox.stats()["requests"]
+
+    # No CLINICAL_* at all: the API could not be reached even if rebuild tried.
+    offline = {k: v for k, v in env.items() if not k.startswith("CLINICAL_")}
+    done = run(["rebuild"], offline, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert fresh_sandbox.stats()["requests"] == requests
+    assert contents(warehouse) == original
+    for ent in ENTITY_SETS:
+        assert ent.name in done.stdout

@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-from connectors.clinical_records.catalogue import ALL_ENTITIES, APPOINTMENTS, CLAIMS, PATIENTS
-from tests.warehouse_records import Harness, record
+from connectors.clinical_records.catalogue import APPOINTMENTS, CLAIMS, PATIENTS
+from tests.warehouse_records import Harness, contents, record
 from warehouse.lake import Lake
 from warehouse.load import Warehouse
 from warehouse.rebuild import rebuild
-
-# Load-time columns differ by nature; everything else must come back identical.
-LOAD_TIME = {"_synced_at", "loaded_at", "last_loaded_at", "recorded_at"}
-OPS = ("rejects", "loaded_batches", "sync_state", "snapshots", "source")
-
-
-def contents(path) -> dict[str, list[tuple]]:
-    with Warehouse(path, read_only=True) as wh:
-        tables = [("clinical", e.table) for e in ALL_ENTITIES]
-        tables += [("history", e.table) for e in ALL_ENTITIES]
-        tables += [("ops", name) for name in OPS]
-        out = {}
-        for schema, table in tables:
-            columns = [
-                c
-                for (c,) in wh.con.execute(
-                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = ? "
-                    "AND table_name = ? ORDER BY column_index",
-                    [schema, table],
-                ).fetchall()
-                if c not in LOAD_TIME
-            ]
-            select = ", ".join(f'"{c}"::VARCHAR' for c in columns)
-            out[f"{schema}.{table}"] = wh.con.execute(
-                f'SELECT {select} FROM "{schema}"."{table}" ORDER BY ALL'
-            ).fetchall()
-        return out
 
 
 def test_rebuild_from_the_lake_equals_the_original(tmp_path):

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from connectors.clinical_records.catalogue import Canonical, Edm, EntitySet, Field
+from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
 from warehouse.normalise import normalise
@@ -75,3 +75,33 @@ class Harness:
 
     def close(self) -> None:
         self.wh.close()
+
+
+# Load-time columns differ by nature; everything else must come back identical.
+LOAD_TIME = {"_synced_at", "loaded_at", "last_loaded_at", "recorded_at"}
+OPS = ("rejects", "loaded_batches", "sync_state", "snapshots", "source")
+
+
+def contents(path: str | Path) -> dict[str, list[tuple]]:
+    """Every clinical, history and ops table as sorted text rows, load-time columns left out:
+    what two warehouses built from the same lake must share."""
+    with Warehouse(path, read_only=True) as wh:
+        tables = [("clinical", e.table) for e in ALL_ENTITIES]
+        tables += [("history", e.table) for e in ALL_ENTITIES]
+        tables += [("ops", name) for name in OPS]
+        out = {}
+        for schema, table in tables:
+            columns = [
+                c
+                for (c,) in wh.con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = ? "
+                    "AND table_name = ? ORDER BY column_index",
+                    [schema, table],
+                ).fetchall()
+                if c not in LOAD_TIME
+            ]
+            select = ", ".join(f'"{c}"::VARCHAR' for c in columns)
+            out[f"{schema}.{table}"] = wh.con.execute(
+                f'SELECT {select} FROM "{schema}"."{table}" ORDER BY ALL'
+            ).fetchall()
+        return out
