@@ -91,3 +91,16 @@ def test_a_batch_is_written_once_zstd_compressed_and_never_rewritten(tmp_path):
     codecs = {meta.row_group(0).column(i).compression for i in range(meta.num_columns)}
     assert codecs == {"ZSTD"}
     assert [Lake.info(p).seq for p in lake.files(APPOINTMENTS)] == [1, 2]
+
+
+def test_short_bounded_text_is_dictionary_encoded_and_distinct_values_are_not(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    path = write(lake, [record(APPOINTMENTS, i) for i in range(50)], day=0, run_id="r1")
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    # status: max 30 in the spec; id and notes: no max; start_time: a TIME, not text.
+    assert "RLE_DICTIONARY" in encodings["status"]
+    for name in ("id", "notes", "start_time", "start_datetime", "_extras"):
+        assert "RLE_DICTIONARY" not in encodings[name], name

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from connectors.clinical_records.catalogue import EntitySet
 from warehouse.errors import SourceMismatch
 from warehouse.normalise import Reject
-from warehouse.schema import arrow_schema
+from warehouse.schema import arrow_schema, dictionary_columns
 
 META_KEY = b"clinical_sync.batch"
 SOURCE_FILE = "_source.json"
@@ -129,7 +129,12 @@ class Lake:
         tmp = tmp_dir / f"{batch_id}.parquet"
         while True:
             meta = {META_KEY: json.dumps(asdict(info)).encode()}
-            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+            pq.write_table(
+                table.replace_schema_metadata(meta),
+                tmp,
+                compression="zstd",
+                use_dictionary=dictionary_columns(entity),
+            )
             final = partition / f"{run_id}-{info.seq:06d}.parquet"
             try:
                 os.link(tmp, final)
