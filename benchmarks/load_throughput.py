@@ -23,7 +23,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,7 +31,7 @@ from benchmarks.common import record
 from benchmarks.measure import last_json_line
 from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
 from connectors.clinical_records.decode import decode_json
-from pipelines.extract import BATCH_ROWS
+from pipelines.extract import FILE_ROWS, NORMALISE_ROWS
 
 try:  # dlt brings orjson with the bench extra
     import orjson
@@ -130,21 +129,20 @@ def write_pages(path: Path, records: int, version_of: Callable[[int], int]) -> N
     lengths_file(path).write_text(json.dumps(lengths))
 
 
-def byte_ranges(path: Path, pages_per_batch: int) -> Iterator[tuple[int, int]]:
-    """(offset, length) of each run of `pages_per_batch` lines: workers read their own."""
+def tasks(path: Path, pages_per_task: int) -> Iterator[tuple[int, int]]:
+    """(offset, pages) of each run of `pages_per_task` lines: workers read their own."""
     lengths = json.loads(lengths_file(path).read_text())
     offset = 0
-    for first in range(0, len(lengths), pages_per_batch):
-        size = sum(lengths[first : first + pages_per_batch])
-        yield offset, size
-        offset += size
+    for first in range(0, len(lengths), pages_per_task):
+        run = lengths[first : first + pages_per_task]
+        yield offset, len(run)
+        offset += sum(run)
 
 
 def warm_up() -> None:
     """Import what a worker needs, so the clock times the work, not starting processes
     (the product's extraction runs in a process that is already up)."""
-    import warehouse.lake
-    import warehouse.normalise  # noqa: F401
+    import pipelines.extract  # noqa: F401
 
 
 def cpu_seconds() -> float:
@@ -163,32 +161,28 @@ def peak_rss() -> int:
 # -- our pipeline -----------------------------------------------------------------------
 
 
-def extract_batch(
-    pages: str, span: tuple[int, int], lake_root: str, run_id: str, decoder: str = DECODER
-) -> str:
-    """Decode + normalise + write one Parquet batch (what an extraction step does)."""
+def extract_pages(
+    pages: str, task: tuple[int, int], lake_root: str, run_id: str, decoder: str = DECODER
+) -> list[str]:
+    """Decode pages one at a time into the extraction's own writer, which normalises and
+    writes the lake files as a sync does; returns the files."""
+    from pipelines.extract import BatchWriter
+    from pipelines.strategy import Mode, Plan
     from warehouse.lake import Lake
-    from warehouse.normalise import normalise
 
-    with open(pages, "rb") as src:
-        src.seek(span[0])
-        lines = src.read(span[1]).splitlines()
     loads = DECODERS[decoder]
-    records = [r for line in lines for r in loads(line)["value"]]
-    batch = normalise(APPOINTMENTS, records)
-    path = Lake(lake_root).write(
-        APPOINTMENTS,
-        batch.table,
-        run_id=run_id,
-        extracted_at=datetime.now(UTC),
-        rejects=batch.rejects,
-    )
-    return str(path)
+    plan = Plan(APPOINTMENTS, Mode.INCREMENTAL, "benchmark")
+    writer = BatchWriter(Lake(lake_root), plan, run_id, previous_watermark=None)
+    offset, count = task
+    with open(pages, "rb") as src:
+        src.seek(offset)
+        for _, line in zip(range(count), src, strict=False):
+            writer.add(loads(line)["value"])
+    writer.finish()
+    return writer.files
 
 
-def run_ours(
-    work: Path, workers: int, pages_per_batch: int, decoder: str = DECODER
-) -> dict[str, dict[str, float]]:
+def run_ours(work: Path, workers: int, decoder: str = DECODER) -> dict[str, dict[str, float]]:
     from warehouse.load import Warehouse
 
     lake, out = work / "lake", {}
@@ -200,13 +194,13 @@ def run_ours(
         for ready in [pool.submit(warm_up) for _ in range(workers)]:
             ready.result()
         started, cpu_started = time.perf_counter(), cpu_seconds()
-        spans = list(byte_ranges(pages, pages_per_batch))
+        runs = list(tasks(pages, FILE_ROWS // PAGE_SIZE))  # a lake file's worth each
         with pool:
             futures = [
-                pool.submit(extract_batch, str(pages), span, str(lake), f"bench-{case}", decoder)
-                for span in spans
+                pool.submit(extract_pages, str(pages), task, str(lake), f"bench-{case}", decoder)
+                for task in runs
             ]
-            paths = [f.result() for f in futures]
+            paths = [path for f in futures for path in f.result()]
         extracted, cpu_extracted = time.perf_counter(), cpu_seconds()
         with Warehouse(work / "ours.duckdb") as wh:
             wh.ensure_schema()
@@ -265,7 +259,7 @@ def run_dlt(work: Path, records: int, decoder: str = DECODER) -> dict[str, dict[
 
 def child(engine: str, work: Path, args: argparse.Namespace) -> None:
     if engine == "ours":
-        figures = run_ours(work, args.workers, args.pages_per_batch, args.decoder)
+        figures = run_ours(work, args.workers, args.decoder)
     else:
         figures = run_dlt(work, args.dlt_records, args.decoder)
     print(json.dumps(figures))
@@ -281,8 +275,6 @@ def in_child(engine: str, work: Path, args: argparse.Namespace) -> dict[str, dic
         str(work),
         "--workers",
         str(args.workers),
-        "--pages-per-batch",
-        str(args.pages_per_batch),
         "--dlt-records",
         str(args.dlt_records),
         "--decoder",
@@ -298,12 +290,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2, help="extraction processes")
-    parser.add_argument(
-        "--pages-per-batch",
-        type=int,
-        default=BATCH_ROWS // PAGE_SIZE,
-        help="pages per Parquet file (default: the extraction's own batch size)",
-    )
     parser.add_argument("--skip-dlt", action="store_true")
     parser.add_argument(
         "--dlt-records",
@@ -332,7 +318,7 @@ def main() -> None:
         print(
             f"{args.records:,} appointment records in {args.records // PAGE_SIZE:,} pages "
             f"(generated in {time.perf_counter() - started:.1f} s; decoder {args.decoder}; "
-            f"{args.pages_per_batch * PAGE_SIZE:,} records a lake file)"
+            f"normalised {NORMALISE_ROWS:,} at a time into lake files of {FILE_ROWS:,})"
         )
         engines = {"ours": in_child("ours", work, args)}
         if not args.skip_dlt:
@@ -340,7 +326,7 @@ def main() -> None:
         figures: dict[str, object] = {
             "records": args.records,
             "decoder": args.decoder,
-            "records_per_file": args.pages_per_batch * PAGE_SIZE,
+            "records_per_file": FILE_ROWS,
         }
         for case in CASES:
             for engine, results in engines.items():

@@ -22,9 +22,14 @@ from connectors.clinical_records.query import Expr, F, Query, all_of
 from pipelines.progress import Progress
 from pipelines.strategy import Mode, Plan, watermark_of
 from warehouse.lake import Lake
-from warehouse.normalise import REJECT, normalise
+from warehouse.normalise import Reject, normalise
+from warehouse.schema import arrow_schema
 
-BATCH_ROWS = 5_000  # records per lake file: bounded memory, few files
+# Records as Python objects take about ten times their Arrow size, so they are normalised in
+# small chunks; the normalised rows gather into large lake files, because every file and row
+# group costs the writer, the load and an analyst's query a fixed amount.
+NORMALISE_ROWS = 5_000
+FILE_ROWS = 50_000
 
 
 def _utc_text(moment: datetime) -> str:
@@ -82,8 +87,8 @@ def _max_cursor(entity: EntitySet, table: pa.Table) -> Any:
     return pc.max(table.column(entity.cursor)).as_py()
 
 
-class _BatchWriter:
-    """Buffers pages, normalises and writes a lake file every BATCH_ROWS records.
+class BatchWriter:
+    """Normalises every NORMALISE_ROWS records and writes a lake file every FILE_ROWS rows.
 
     The last file carries the watermark: a snapshot sees every record, so it recomputes it
     (a reset); an increment never moves it backwards; a backfill leaves it alone.
@@ -94,41 +99,62 @@ class _BatchWriter:
         self.previous = None if plan.snapshot else previous_watermark
         self.extracted_at = datetime.now(UTC)
         self.snapshot_id = uuid4().hex if plan.snapshot else None
-        self.buffer: list[dict] = []
+        self.records: list[dict] = []  # not normalised yet
+        self.tables: list[pa.Table] = []  # normalised, not written yet
+        self.rejects: list[Reject] = []  # of those tables' records
         self.files: list[str] = []
         self.cursors: list[Any] = []
         self.rejected = 0
         self.watermark: str | None = None
 
     def add(self, records: list[dict]) -> None:
-        self.buffer.extend(records)
-        if len(self.buffer) >= BATCH_ROWS:
-            self.flush(final=False)
+        self.records.extend(records)
+        if len(self.records) >= NORMALISE_ROWS:
+            self._normalise()
+            if self._pending() >= FILE_ROWS:
+                self._write(final=False)
 
-    def flush(self, *, final: bool) -> None:
-        if not self.buffer and not final:
-            return
-        batch = normalise(self.entity, self.buffer)
-        self.buffer = []
-        self.cursors.append(_max_cursor(self.entity, batch.table))
-        self.rejected += sum(1 for r in batch.rejects if r.kind == REJECT)
-        if final and self.plan.moves_watermark:
+    def finish(self) -> None:
+        """Write what is left as the last file; an increment that found nothing writes none."""
+        self._normalise()
+        if self.plan.moves_watermark:
             self.watermark = watermark_of(
                 self.entity, self.cursors, self.previous, ceiling=self.extracted_at
             )
-        empty = batch.table.num_rows == 0 and not batch.rejects
-        if final and empty and not self.files and not self.plan.snapshot:
-            return  # nothing new: no file; the load still commits the run's state
+        if self._pending() or self.files or self.plan.snapshot:
+            self._write(final=True)  # the snapshot's or watermark's file, even when empty
+
+    def _pending(self) -> int:
+        """Rows and notes normalised but not written yet: both are held in memory."""
+        return sum(t.num_rows for t in self.tables) + len(self.rejects)
+
+    def _normalise(self) -> None:
+        if not self.records:
+            return
+        batch = normalise(self.entity, self.records)
+        self.records = []
+        self.cursors.append(_max_cursor(self.entity, batch.table))
+        self.rejected += len(batch.errors)
+        self.tables.append(batch.table)
+        self.rejects.extend(batch.rejects)
+
+    def _write(self, *, final: bool) -> None:
+        table = (
+            pa.concat_tables(self.tables)
+            if self.tables
+            else arrow_schema(self.entity).empty_table()
+        )
         path = self.lake.write(
             self.entity,
-            batch.table,
+            table,
             run_id=self.run_id,
             extracted_at=self.extracted_at,
             snapshot_id=self.snapshot_id,
             watermark=self.watermark if final else None,
             snapshot_complete=final and self.plan.snapshot,
-            rejects=batch.rejects,
+            rejects=self.rejects,
         )
+        self.tables, self.rejects = [], []
         self.files.append(str(path))
 
 
@@ -147,7 +173,7 @@ def extract(
     if plan.mode is Mode.SKIP:
         return result
     started = time.monotonic()
-    writer = _BatchWriter(lake, plan, run_id, previous_watermark)
+    writer = BatchWriter(lake, plan, run_id, previous_watermark)
     progress.start(entity.name)
     for page in client.iter_pages(entity, Query(entity, filter=cursor_filter(plan))):
         writer.add(page.records)
@@ -155,7 +181,7 @@ def extract(
         if result.source_total is None:
             result.source_total = page.total
         progress.page(entity.name, len(page.records), page.total)
-    writer.flush(final=True)
+    writer.finish()
     progress.finish(entity.name)
     result.files = writer.files
     result.rejected = writer.rejected

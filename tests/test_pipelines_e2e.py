@@ -14,14 +14,22 @@ import duckdb
 import pytest
 from dagster import materialize
 
-from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, Strategy, entity
+from connectors.clinical_records.catalogue import (
+    ENTITY_SETS,
+    PAGE_SIZE,
+    EntitySet,
+    Strategy,
+    entity,
+)
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
+from pipelines import extract
 from pipelines.assets import build_assets
 from pipelines.keys import lake_key
 from pipelines.runner import SyncReport, resources_from_env, sync
 from tests.truth import canonical, live_rows
 from warehouse.ident import qualified, quote
+from warehouse.lake import Lake
 
 pytestmark = pytest.mark.e2e
 
@@ -201,3 +209,31 @@ def test_a_record_updated_in_the_future_does_not_carry_the_watermark_there(fresh
     assert "apt-from-9999" in target.live(appointments)
     mark = datetime.fromisoformat(target.watermark(appointments))
     assert began <= mark <= datetime.now(UTC)
+
+
+def test_an_extraction_of_many_files_loads_as_one(fresh_sandbox, tmp_path, monkeypatch):
+    """Records normalised in chunks and gathered into several lake files: only the last file
+    carries the watermark and ends the snapshot, and the load takes them all as one."""
+    monkeypatch.setattr(extract, "NORMALISE_ROWS", 1)  # every page normalised alone
+    monkeypatch.setattr(extract, "FILE_ROWS", 250)  # a file is written once 250 rows gathered
+    target = Target(fresh_sandbox, tmp_path)
+    target.sync(full=True)
+    with fresh_sandbox.store.lock:
+        changes = fresh_sandbox.store.advance(seconds=86400, delete_fraction=0.02)
+    report = target.sync(full=True)
+
+    lake = Lake(target.lake)
+    for ent in ENTITY_SETS:
+        assert_equal_to_truth(target, ent)
+        assert len(target.deleted_keys(ent)) == changes[ent.name]["deleted"], ent.name
+        files = [p for p in lake.files(ent) if Lake.info(p).run_id == report.run_id]
+        infos = [Lake.info(p) for p in files]
+        assert sum(i.rows for i in infos) == len(target.truth(ent)), ent.name
+        *earlier, last = infos
+        assert all(250 <= i.rows < 250 + PAGE_SIZE for i in earlier), ent.name
+        assert last.snapshot_complete and not any(i.snapshot_complete for i in earlier)
+        assert not any(i.watermark for i in earlier), ent.name
+        if ent.cursor is not None:
+            assert last.watermark == target.watermark(ent), ent.name
+    files = [Lake.info(p) for p in lake.files(entity("Appointments"))]
+    assert len([i for i in files if i.run_id == report.run_id]) >= 2  # pages gathered in files
