@@ -183,6 +183,17 @@ APPOINTMENT_VALUES = st.fixed_dictionaries(
         for hex_id in ("0x1F", "0X7f", "12")
     ]
 )
+@example(
+    [  # every value finer than microseconds: the whole column is cut and cast at once
+        {
+            "appointment_date": "2026-01-01",
+            "start_time": "09:00:00",
+            "start_datetime": fine,
+            "patient_id": "1",
+        }
+        for fine in ("1969-12-31T23:59:59.9999999Z", "2026-01-01T10:00:00.1234567+05:30")
+    ]
+)
 def test_appointment_values_are_what_python_reads(values):
     check(APPOINTMENTS, values, APPOINTMENT_EXPECT)
 

@@ -107,7 +107,9 @@ DATETIME_RE = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
     r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)?$"
 )
-PLAIN_DATETIME_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
+_PLAIN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]FRACTION)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+PLAIN_DATETIME_RE = _PLAIN.replace("FRACTION", "{1,6}")
+FINE_DATETIME_RE = _PLAIN.replace("FRACTION", "+")  # finer than microseconds: .NET writes 7
 OFFSET_RE = r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$"
 TIME_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
 
@@ -233,12 +235,17 @@ def _cut_fraction(text: pa.Array) -> pa.Array:
 
 def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
     target = ARROW_BY_CANONICAL[Canonical.TIMESTAMPTZ]
-    # The common shape (seconds, at most microseconds, Z or +HH:MM) needs no rewriting:
-    # one pattern and one cast, unless some value differs or does not parse.
+    # The common shapes (seconds, a fraction, Z or +HH:MM) need no rewriting but a fraction
+    # cut to microseconds: a pattern or two and one cast, unless some value differs or does
+    # not parse. (A cast that fails costs about 25 times one that succeeds.)
+    plain = None
     if not pc.any(_failing(arr, PLAIN_DATETIME_RE)).as_py():
-        values = _cast_whole(arr, target)
-        if values is not None:
-            return _in_years(Converted(values))
+        plain = arr
+    elif not pc.any(_failing(arr, FINE_DATETIME_RE)).as_py():
+        plain = _cut_fraction(arr)
+    values = _cast_whole(plain, target) if plain is not None else None
+    if values is not None:
+        return _in_years(Converted(values))
     shape = _failing(arr, DATETIME_RE)
     text = _null_where(arr, shape)
     text = pc.replace_substring_regex(_cut_fraction(text), "z$", "Z")  # Arrow reads only Z
