@@ -139,14 +139,9 @@ class BatchWriter:
         self.rejects.extend(batch.rejects)
 
     def _write(self, *, final: bool) -> None:
-        table = (
-            pa.concat_tables(self.tables)
-            if self.tables
-            else arrow_schema(self.entity).empty_table()
-        )
         path = self.lake.write(
             self.entity,
-            table,
+            pa.concat_tables(self.tables or [arrow_schema(self.entity).empty_table()]),
             run_id=self.run_id,
             extracted_at=self.extracted_at,
             snapshot_id=self.snapshot_id,
