@@ -40,14 +40,15 @@ from pipelines.keys import (
 )
 from pipelines.models import Model, models
 from pipelines.progress import current
+from pipelines.reconcile import Reconciliation
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.state import LOCK_WAIT_SECONDS, read_state
-from pipelines.strategy import plan
+from pipelines.state import LOCK_WAIT_SECONDS, read_held_keys, read_state
+from pipelines.strategy import Mode, plan
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
@@ -81,6 +82,15 @@ STRATEGY_TEXT: dict[Strategy, str] = {
 }
 
 
+def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
+    """A set's reconciliation as `ops.sync_runs` sums it."""
+    return {
+        "reconciled": reconciliation.reconciled,
+        "reconcile_requests": reconciliation.requests,
+        "unreconciled": reconciliation.residual,
+    }
+
+
 def api_metadata(extraction: Extraction) -> dict[str, Any]:
     return {label: extraction.stats.get(name, 0) for name, label in API_METADATA.items()}
 
@@ -96,7 +106,23 @@ def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
         "watermark": extraction.watermark or "",
         "seconds": extraction.seconds,
         **api_metadata(extraction),
+        **extraction.reconciliation.metadata(),
     }
+
+
+def _log_reconciliation(log: Any, extraction: Extraction) -> None:
+    r = extraction.reconciliation
+    if extraction.mode == Mode.SKIP.value:
+        return
+    line = (
+        f"{extraction.entity}: reconciled with the source in {r.requests} extra requests: "
+        f"{r.caught_up} written during the run re-read, {r.inserted} found in key ranges, "
+        f"{r.deleted} found deleted ({r.ranges} ranges, {r.rounds} probes)"
+    )
+    if not r.exact:
+        log.warning(f"{line}; the count still differs by {r.residual}")
+    else:
+        log.info(line + (f"; {r.blind}" if r.blind else ""))
 
 
 def _selected_entities(context: AssetExecutionContext) -> list[str]:
@@ -134,6 +160,7 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
+        held = read_held_keys(warehouse.path, entity) if todo.mode is Mode.INCREMENTAL else ()
         with ClinicalClient(settings, logger=context.log) as client:
             result = extract(
                 todo,
@@ -142,7 +169,9 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
                 run_id=context.run.run_id,
                 previous_watermark=state.watermark,
                 progress=current(context.log.info),
+                held=held,
             )
+        _log_reconciliation(context.log, result)
         return Output(result, metadata=extraction_metadata(result))
 
     return extract_entity
@@ -185,6 +214,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 _selected_entities(context),
                 result,
                 full_snapshot=sync_options.full,
+                reconciled=run_figures(extraction.reconciliation),
             )
             results = checks.table_check_results(
                 wh.con,
@@ -193,6 +223,9 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 snapshot=extraction.snapshot,
                 source_total=extraction.source_total,
             )
+            results.append(
+                checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
+            )
             rows = checks.live_rows(wh.con, entity)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
@@ -200,6 +233,11 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 "mode": extraction.mode,
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
+                **{
+                    k: v
+                    for k, v in extraction.reconciliation.metadata().items()
+                    if k != "reconcile_blind"
+                },
                 "watermark": watermark or "",
                 "lake_files_written": len(extraction.files),
                 "live_rows": rows,

@@ -24,6 +24,7 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
 from pipelines.keys import table_key
+from pipelines.reconcile import Reconciliation
 from pipelines.resources import WarehouseResource
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.ddl import CLINICAL
@@ -34,6 +35,7 @@ from warehouse.normalise import REJECT
 UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
 REJECTS = "no_rejects"
+RECONCILED = "reconciled_with_source"
 FRESH_WITHIN = timedelta(hours=26)
 
 
@@ -48,7 +50,31 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             description="After a snapshot, live rows equal the source's @odata.count",
         ),
         AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
+        AssetCheckSpec(
+            RECONCILED,
+            asset=key,
+            description=(
+                "The extraction ended equal to the source's count (writes during the run "
+                "re-read, deletes found); fails with the difference left when the source "
+                "changed faster than the reconciliation budget"
+            ),
+        ),
     ]
+
+
+def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetCheckResult:
+    """Passes when the set's count agreed with the keys held at the end of its extraction."""
+    figures = {k: v for k, v in reconciliation.metadata().items() if k != "reconcile_blind"}
+    return AssetCheckResult(
+        check_name=RECONCILED,
+        passed=reconciliation.exact,
+        description=(
+            "not extracted this run"
+            if skipped
+            else reconciliation.blind or "exact: inserts, updates and deletes seen"
+        ),
+        metadata=figures,
+    )
 
 
 def duplicate_keys(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> int:

@@ -19,13 +19,14 @@ def _sandbox(args: argparse.Namespace) -> int:
     config = SandboxConfig(
         seed=args.seed,
         scale=args.scale,
-        rate=args.rate,
+        rate=args.rate or None,  # 0 turns the limit off
         burst=args.burst,
         latency=args.latency,
         jitter=args.jitter,
         error_rate=args.error_rate,
         drop_rate=args.drop_rate,
         token_lifetime=args.token_lifetime,
+        drift_every=args.drift_every,
     )
     if args.client_secret:
         config.client_secret = args.client_secret
@@ -51,13 +52,25 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--rate", type=float, default=None, help="requests/s per API key (default: off)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=5.0,
+        help="requests/s per API key, as the spec's top plan (default 5; 0 turns it off)",
+    )
     p.add_argument("--burst", type=int, default=10)
     p.add_argument("--latency", type=float, default=0.0, help="seconds added per request")
     p.add_argument("--jitter", type=float, default=0.0)
     p.add_argument("--error-rate", type=float, default=0.0, help="share of 500/502/503 answers")
     p.add_argument("--drop-rate", type=float, default=0.0, help="share of dropped connections")
     p.add_argument("--token-lifetime", type=float, default=300.0)
+    p.add_argument(
+        "--drift-every",
+        type=int,
+        default=0,
+        help="every N collection requests the set being read changes: a delete, an insert "
+        "anywhere in key order, an update (default 0: off)",
+    )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")
     p.set_defaults(func=_sandbox)

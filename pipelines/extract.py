@@ -7,7 +7,7 @@ parallel. The watermark it computes travels with the result and is committed by 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -20,6 +20,7 @@ from connectors.clinical_records.catalogue import Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Expr, F, Query, all_of
 from pipelines.progress import Progress
+from pipelines.reconcile import Reconciler, Reconciliation
 from pipelines.strategy import Mode, Plan, watermark_of
 from warehouse.lake import Lake
 from warehouse.normalise import Reject, normalise
@@ -75,6 +76,7 @@ class Extraction:
     watermark: str | None = None  # to commit with the load; None leaves the stored one
     stats: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    reconciliation: Reconciliation = field(default_factory=Reconciliation)
 
     @property
     def snapshot(self) -> bool:
@@ -106,6 +108,7 @@ class BatchWriter:
         self.cursors: list[Any] = []
         self.rejected = 0
         self.watermark: str | None = None
+        self.deletes: list[str] = []
 
     def add(self, records: list[dict]) -> None:
         self.records.extend(records)
@@ -114,14 +117,16 @@ class BatchWriter:
             if self._pending() >= FILE_ROWS:
                 self._write(final=False)
 
-    def finish(self) -> None:
-        """Write what is left as the last file; an increment that found nothing writes none."""
+    def finish(self, deletes: list[str] | None = None) -> None:
+        """Write what is left as the last file, with the keys found deleted at the source;
+        an increment that found nothing writes none."""
+        self.deletes = deletes or []
         self._normalise()
         if self.plan.moves_watermark:
             self.watermark = watermark_of(
                 self.entity, self.cursors, self.previous, ceiling=self.extracted_at
             )
-        if self._pending() or self.files or self.plan.snapshot:
+        if self._pending() or self.files or self.plan.snapshot or self.deletes:
             self._write(final=True)  # the snapshot's or watermark's file, even when empty
 
     def _pending(self) -> int:
@@ -148,6 +153,7 @@ class BatchWriter:
             watermark=self.watermark if final else None,
             snapshot_complete=final and self.plan.snapshot,
             rejects=self.rejects,
+            deletes=self.deletes if final else (),
         )
         self.tables, self.rejects = [], []
         self.files.append(str(path))
@@ -161,22 +167,36 @@ def extract(
     run_id: str,
     previous_watermark: str | None,
     progress: Progress,
+    held: Iterable[Any] = (),
+    budget: int | None = None,
 ) -> Extraction:
-    """Run `plan`: page through the API, write lake batches, compute the next watermark."""
+    """Run `plan`: page through the API, reconcile with the source as it stands at the end
+    (pipelines/reconcile.py), write lake batches, compute the next watermark. `held` are the
+    keys the warehouse holds live (an increment reconciles against them); `budget` caps the
+    requests reconciliation may spend (default: `reconcile.default_budget`)."""
     entity = plan.entity
     result = Extraction(entity.name, plan.mode.value, plan.reason, run_id)
     if plan.mode is Mode.SKIP:
         return result
     started = time.monotonic()
     writer = BatchWriter(lake, plan, run_id, previous_watermark)
+    reconciler = None
+    if plan.moves_watermark:  # a backfill reads a date range, not the set
+        reconciler = Reconciler(entity, client, take=writer.add, held=held)
+        reconciler.begin()
     progress.start(entity.name)
     for page in client.iter_pages(entity, Query(entity, filter=cursor_filter(plan))):
         writer.add(page.records)
+        if reconciler:
+            reconciler.read(page.records)
         result.fetched += len(page.records)
         if result.source_total is None:
             result.source_total = page.total
         progress.page(entity.name, len(page.records), page.total)
-    writer.finish()
+    if reconciler:
+        result.reconciliation = reconciler.finish(budget)
+        result.source_total = reconciler.total  # the set as it stands at the end
+    writer.finish(reconciler.deleted_keys() if reconciler else None)
     progress.finish(entity.name)
     result.files = writer.files
     result.rejected = writer.rejected

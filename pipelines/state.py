@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
 from connectors.clinical_records.catalogue import EntitySet
+from pipelines.reconcile import held_from
 from pipelines.strategy import SyncState
+from warehouse.ddl import CLINICAL
+from warehouse.ident import qualified, quote
 from warehouse.load import Warehouse
+from warehouse.normalise import REJECT
 
 LOCK_WAIT_SECONDS = 120.0
 
@@ -38,3 +43,24 @@ def read_state(warehouse_path: str | Path, entity: EntitySet) -> SyncState:
     if row is None:
         return SyncState()
     return SyncState(watermark=row[0], last_snapshot_at=_utc(row[1]))
+
+
+def read_held_keys(warehouse_path: str | Path, entity: EntitySet) -> set[Any]:
+    """The keys an increment reconciles against, in the API's kind: every record the
+    warehouse holds live, and every key the source sent that was rejected (it is in the
+    source's count, though not in the table)."""
+    if not Path(warehouse_path).exists():
+        return set()
+    table, key = qualified(CLINICAL, entity.table), quote(entity.key)
+    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+        try:
+            live = wh.con.execute(f'SELECT {key} FROM {table} WHERE "_deleted_at" IS NULL')
+            keys = [k for (k,) in live.fetchall()]
+            rejected = wh.con.execute(
+                'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
+                'AND "key" IS NOT NULL',
+                [entity.name, REJECT],
+            ).fetchall()
+        except duckdb.CatalogException:  # the schema was never created
+            return set()
+    return held_from(entity, [*keys, *(k for (k,) in rejected)])

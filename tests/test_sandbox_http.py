@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -389,14 +390,35 @@ def test_latency_is_added(fresh_sandbox):
         assert time.monotonic() - started >= 0.3
 
 
-def test_drift_changes_the_source_between_pages(fresh_sandbox):
+@pytest.mark.parametrize("name", ["Claims", "Patients", "Appointments"])
+def test_drift_is_the_worst_the_spec_allows(fresh_sandbox, name):
+    """Drift changes the set being read: deletes, inserts before, between and after its
+    keys (numbers, digit strings or opaque text alike), updates that move `updated_at`."""
+    entity = cat.entity(name)
+    table = fresh_sandbox.store.table(name)
+    original = list(table.keys)
+    stamps = [datetime.fromisoformat(r["updated_at"]) for r in table.rows if "updated_at" in r]
+    others = {n: list(t.rows) for n, t in fresh_sandbox.store.tables.items() if n != name}
     fresh_sandbox.configure(drift_every=1)
-    before = fresh_sandbox.store.counts()
     with api_client(fresh_sandbox) as client:
-        for _ in range(5):
-            client.get("Patients", params={"$top": "1"})
-    assert fresh_sandbox.store.counts() != before
-    assert fresh_sandbox.stats()["injected_drift"] == 5
+        for _ in range(30):
+            client.get(name, params={"$top": "1"})
+    changes = fresh_sandbox.control().changes()
+    assert fresh_sandbox.stats()["injected_drift"] == 30
+    assert {c["entity"] for c in changes} == {name}
+    assert {c["kind"] for c in changes} == {"insert", "update", "delete"}
+    inserted = [c["key"] for c in changes if c["kind"] == "insert"]
+    order = sorted(original)
+    assert any(k < order[0] for k in inserted), "no insert before the first key"
+    assert any(order[0] < k < order[-1] for k in inserted), "no insert between keys"
+    assert any(k > order[-1] for k in inserted), "no insert after the last key"
+    last = {c["key"]: c["kind"] for c in changes}  # a deleted key may come back as new
+    assert all((k in table.by_key) == (kind != "delete") for k, kind in last.items())
+    if "updated_at" in entity.by_name:
+        updated = [table.get(c["key"]) for c in changes if c["kind"] == "update"]
+        moved = [datetime.fromisoformat(r["updated_at"]) for r in updated if r is not None]
+        assert moved and min(moved) >= max(stamps), "an update must move the change cursor"
+    assert {n: list(t.rows) for n, t in fresh_sandbox.store.tables.items() if n != name} == others
 
 
 # -- the controls outside the spec --------------------------------------------------------

@@ -65,6 +65,17 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "soft_deleted": ("BIGINT", "Records a snapshot no longer contained"),
             "rejected": ("BIGINT", "Rows set aside in ops.rejects"),
             "message": ("VARCHAR", "Error summary of a failed run (no PHI)"),
+            "reconciled": (
+                "BIGINT",
+                "Records written or deleted at the source while the run read it, found by "
+                "reconciliation (re-read by cursor, found in key ranges, found deleted)",
+            ),
+            "reconcile_requests": ("BIGINT", "Requests reconciliation spent, over the reads"),
+            "unreconciled": (
+                "BIGINT",
+                "Records by which a set's count still differed from the source when the "
+                "reconciliation budget ran out (0: every set ended equal to the source)",
+            ),
         },
     ),
     "rejects": (

@@ -4,6 +4,7 @@ Layout under the root:
 
     entity=<table>/extracted_date=<YYYY-MM-DD>/<run_id>-<seq>.parquet   normalised rows
     _rejects/entity=<table>/<batch_id>.parquet                           that batch's rejects
+    _deletes/entity=<table>/<batch_id>.parquet                           keys found deleted
     _tmp/                                                                files being written
     _source.json                                                         base URL and customer
 
@@ -33,6 +34,7 @@ from warehouse.normalise import Reject
 from warehouse.schema import arrow_schema, dictionary_columns
 
 META_KEY = b"clinical_sync.batch"
+REJECTS, DELETES = "rejects", "deletes"  # a batch's side files, under `_<kind>/`
 SOURCE_FILE = "_source.json"
 FORMAT_VERSION = 1
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -64,6 +66,7 @@ class BatchInfo:
     rows: int
     rejects: int
     format: int = FORMAT_VERSION
+    deletes: int = 0  # keys the extraction found deleted at the source (reconciliation)
 
     @property
     def extracted(self) -> datetime:
@@ -72,6 +75,10 @@ class BatchInfo:
     @property
     def order(self) -> tuple[str, str, int]:
         return (self.extracted_at, self.run_id, self.seq)
+
+
+def side_path(root: Path, kind: str, table: str, batch_id: str) -> Path:
+    return Path(root) / f"_{kind}" / f"entity={table}" / f"{batch_id}.parquet"
 
 
 def _utc(moment: datetime) -> datetime:
@@ -98,8 +105,10 @@ class Lake:
         watermark: str | None = None,
         snapshot_complete: bool = False,
         rejects: Sequence[Reject] = (),
+        deletes: Sequence[str] = (),
     ) -> Path:
-        """Write one normalised batch (and its rejects) atomically; return the data file."""
+        """Write one normalised batch (its rejects, and the keys found deleted at the source
+        as text) atomically; return the data file."""
         if not RUN_ID_RE.match(run_id):
             raise ValueError("run_id may hold only letters, digits, '_', '.' and '-'")
         table = table.cast(arrow_schema(entity))
@@ -110,7 +119,11 @@ class Lake:
         tmp_dir.mkdir(parents=True, exist_ok=True)
         batch_id = uuid.uuid4().hex
         if rejects:
-            self._write_rejects(entity, batch_id, rejects, tmp_dir)
+            rows = [{**asdict(r), "fields": list(r.fields)} for r in rejects]
+            self._write_side(REJECTS, entity, batch_id, pa.Table.from_pylist(rows, REJECTS_SCHEMA))
+        if deletes:
+            keys = pa.table({"key": pa.array(list(deletes), pa.string())})
+            self._write_side(DELETES, entity, batch_id, keys)
 
         seq = 1 + max((self._seq(p) for p in partition.glob(f"{run_id}-*.parquet")), default=0)
         info = BatchInfo(
@@ -125,6 +138,7 @@ class Lake:
             batch_id=batch_id,
             rows=table.num_rows,
             rejects=len(rejects),
+            deletes=len(deletes),
         )
         tmp = tmp_dir / f"{batch_id}.parquet"
         while True:
@@ -145,14 +159,12 @@ class Lake:
                 tmp.unlink(missing_ok=True)
         return final
 
-    def _write_rejects(
-        self, entity: EntitySet, batch_id: str, rejects: Sequence[Reject], tmp_dir: Path
-    ) -> None:
-        rows = [{**asdict(r), "fields": list(r.fields)} for r in rejects]
-        target = self.root / "_rejects" / f"entity={entity.table}" / f"{batch_id}.parquet"
+    def _write_side(self, kind: str, entity: EntitySet, batch_id: str, table: pa.Table) -> None:
+        """A batch's side file (rejects or deletes), in place before the data file is."""
+        target = side_path(self.root, kind, entity.table, batch_id)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_dir / f"{batch_id}.rejects.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, REJECTS_SCHEMA), tmp, compression="zstd")
+        tmp = self.root / "_tmp" / f"{batch_id}.{kind}.parquet"
+        pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, target)
 
     @staticmethod
@@ -179,8 +191,7 @@ class Lake:
     def rejects(self, info: BatchInfo) -> list[Reject]:
         if not info.rejects:
             return []
-        path = self.root / "_rejects" / f"entity={info.table}" / f"{info.batch_id}.parquet"
-        rows = pq.read_table(path).to_pylist()
+        rows = pq.read_table(side_path(self.root, REJECTS, info.table, info.batch_id)).to_pylist()
         return [Reject(**{**r, "fields": tuple(r["fields"])}) for r in rows]
 
     def source(self) -> dict[str, str] | None:

@@ -33,7 +33,7 @@ from connectors.clinical_records.errors import ConfigError
 from warehouse import ddl, vacuum
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.ident import column_list, qualified, quote
-from warehouse.lake import BatchInfo, Lake
+from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
 from warehouse.normalise import REJECT
 from warehouse.schema import EXTRAS
 
@@ -42,6 +42,8 @@ __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "Warehou
 LOCK_WORDS = ("could not set lock", "conflicting lock")
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
+# What the extractions' reconciliation found and spent, summed per run as well.
+RECONCILE_FIGURES = ("reconciled", "reconcile_requests", "unreconciled")
 
 
 @dataclass(frozen=True)
@@ -288,17 +290,24 @@ class Warehouse:
         result: LoadResult,
         *,
         full_snapshot: bool = False,
+        reconciled: Mapping[str, int] | None = None,
     ) -> None:
-        """Add a committed load's figures to its run's row, created by the run's first load;
-        a run of several loads (entity sets, documents) keeps one row that names them all."""
+        """Add a committed load's figures (and its extraction's `reconciled` figures, named
+        as RECONCILE_FIGURES) to its run's row, created by the run's first load; a run of
+        several loads (entity sets, documents) keeps one row that names them all."""
         self._ensure_run(run_id, list(entities), full_snapshot)
-        figures = ", ".join(
-            f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in RUN_FIGURES
-        )
+        names = (*RUN_FIGURES, *RECONCILE_FIGURES)
+        figures = ", ".join(f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in names)
+        extra = reconciled or {}
         self.con.execute(
             f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
             '"message" = NULL WHERE "run_id" = ?',
-            [SUCCESS, *(getattr(result, name) for name in RUN_FIGURES), run_id],
+            [
+                SUCCESS,
+                *(getattr(result, name) for name in RUN_FIGURES),
+                *(int(extra.get(name, 0)) for name in RECONCILE_FIGURES),
+                run_id,
+            ],
         )
 
     def fail_run(self, run_id: str, message: str) -> None:
@@ -464,11 +473,12 @@ class _Merge:
             # A fresh load (an empty table, no key twice, no snapshot since) inserts
             # everything: one streaming statement, nothing to compare with.
             actions[INSERT] = self._insert_fresh()
-            deleted = 0
+            deleted = self._apply_deletes()
         else:
             actions.update(self._plan(duplicated))
             self._apply(actions)
             deleted = self._mark_deleted() if snapshot else 0
+            deleted += self._apply_deletes()
             self.con.execute('DROP TABLE "_stage"')
             self.con.execute('DROP TABLE "_plan"')
         if snapshot:
@@ -723,6 +733,35 @@ class _Merge:
         ).fetchone()
         return marked
 
+    def _apply_deletes(self) -> int:
+        """Mark deleted the keys an extraction found gone at the source, as of that batch's
+        extraction, unless a newer version (a later extraction) is held."""
+        found = [
+            (str(side_path(Lake.root_of(p), DELETES, i.table, i.batch_id)), i.extracted)
+            for p, i in zip(self.paths, self.infos, strict=True)
+            if i.deletes
+        ]
+        if not found:
+            return 0
+        gone = pa.table(
+            {
+                "file": [f for f, _ in found],
+                "at": pa.array([t for _, t in found], pa.timestamp("us", "UTC")),
+            }
+        )
+        self.con.register("_gone_files", gone)
+        (marked,) = self.con.execute(
+            f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at"
+                FROM (SELECT d."key", max(f."at") AS "at"
+                      FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
+                      JOIN "_gone_files" AS f ON d."filename" = f."file" GROUP BY ALL) AS g
+                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= g."at"
+                  AND CAST(c.{self.key} AS VARCHAR) = g."key" """,
+            [[f for f, _ in found]],
+        ).fetchone()
+        self.con.unregister("_gone_files")
+        return marked
+
     def _reject_files(self) -> list[str]:
         return [
             str(_rejects_path(p, i))
@@ -770,7 +809,7 @@ def _ranks(orders: Sequence[tuple[str, str, int]]) -> list[int]:
 
 
 def _rejects_path(path: Path, info: BatchInfo) -> Path:
-    return Lake.root_of(path) / "_rejects" / f"entity={info.table}" / f"{info.batch_id}.parquet"
+    return side_path(Lake.root_of(path), REJECTS, info.table, info.batch_id)
 
 
 def _columns_in(paths: Sequence[Path]) -> set[str]:

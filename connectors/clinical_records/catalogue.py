@@ -139,8 +139,19 @@ class EntitySet:
     def qualified_type(self) -> str:
         return f"{NAMESPACE}.{self.type_name}"
 
+    @cached_property
+    def change_cursor(self) -> str | None:
+        """The field a write moves, which reconciliation re-reads by: `updated_at` shows
+        inserts and updates, `created_at` inserts only; a set with neither shows neither."""
+        return next((name for name in CHANGE_CURSORS if name in self.by_name), None)
+
+    @property
+    def sees_updates(self) -> bool:
+        return self.change_cursor == "updated_at"
+
 
 NAMESPACE = "ClinicalRecords"
+CHANGE_CURSORS = ("updated_at", "created_at")  # most telling first
 
 STRING, NUMBER, DECIMAL, BOOLEAN, DATE, DATETIME = (
     Edm.STRING,

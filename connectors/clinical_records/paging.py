@@ -65,6 +65,20 @@ class Page:
     total: int | None
 
 
+def record_key(key: Any, numeric: bool) -> str | int | None:
+    """A record's key in its field's kind, as normalise will store it and as a keyset bound
+    must be written: a number where a string key belongs is its digits, digits where a
+    number key belongs are the number. Anything else (an object, an array, a boolean, a
+    fraction, other text) is no key to page by or to compare."""
+    if type(key) is int:
+        return key if numeric else str(key)
+    if type(key) is str and not numeric:
+        return key
+    if type(key) is str and _DIGITS.fullmatch(key):
+        return int(key)
+    return None
+
+
 def paging_query(entity: EntitySet, query: Query | None) -> Query:
     """The query's filter, select and expand, ordered by the key; refuse what paging owns."""
     query = query or Query(entity)
@@ -223,23 +237,12 @@ class Pager:
                 self.progress(self.entity.name, self.number, max(self.pages_total, self.number))
 
     def _key(self, record: dict) -> str | int | None:
-        """The record's key in its field's type, as normalise will store it and as a keyset
-        bound must be written: a number where a string key belongs is its digits, digits
-        where a number key belongs are the number. Anything else (an object, an array, a
-        boolean, a fraction, other text) is no key to page by or to compare."""
-        key = record.get(self.key)
-        if type(key) is int:
-            return key if self.numeric_key else str(key)
-        if type(key) is str and not self.numeric_key:
-            return key
-        if type(key) is str and _DIGITS.fullmatch(key):
-            return int(key)
-        return None
+        return record_key(record.get(self.key), self.numeric_key)
 
     def _check_total(self) -> None:
         if self.total is not None and self.repairs == 0 and len(self.seen) != self.total:
-            log.warning(
-                "%s: read %d records but @odata.count said %d (the source changed?)",
+            log.info(
+                "%s: read %d records but @odata.count said %d (the source changed)",
                 self.entity.name,
                 len(self.seen),
                 self.total,

@@ -231,8 +231,15 @@ class Sandbox:
         assert entity is not None
         query = parse_query(query_options(request), entity)
         if self.faults.should_drift():
+            c = self.config
             with self.store.lock:
-                self.store.drift()
+                self.store.drift(
+                    entity,
+                    inserts=c.drift_inserts,
+                    updates=c.drift_updates,
+                    deletes=c.drift_deletes,
+                    rng=self.faults.drift_rng,
+                )
         with self.store.lock:
             page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
         return json_response(self._envelope(request, entity.name, page.records, page.count))
@@ -382,6 +389,9 @@ class Sandbox:
                     return json_response(self.store.ground_truth())
             if action == "stats":
                 return json_response(self.stats())
+            if action == "changes":
+                with self.store.lock:
+                    return json_response([c.as_dict() for c in self.store.changes])
         except (TypeError, ValueError, KeyError) as error:
             return error_response(ODataError(400, "InvalidControl", str(error)))
         return error_response(not_found(f"Unknown sandbox control {request.method} {action}."))

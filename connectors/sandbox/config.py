@@ -36,7 +36,14 @@ class SandboxConfig:
     throttle_rate: float = 0.0  # share of API requests answered 429 although within the limit
     retry_after_fraction: float = 1.0  # share of 429 answers that carry Retry-After
     garble_rate: float = 0.0  # share of API requests answered 200 with a non-JSON or cut body
-    drift_every: int = 0  # every N collection requests, the source changes a little
+    # Drift: every `drift_every` collection requests the set being read changes before the
+    # answer: inserts whose keys land anywhere in key order, updates that move its change
+    # cursor, hard deletes. The worst the spec allows (4.2: records may shift between pages).
+    drift_every: int = 0
+    drift_inserts: int = 1
+    drift_updates: int = 1
+    drift_deletes: int = 1
+    drift_seed: int = 5
     fault_seed: int = 1
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
@@ -51,6 +58,9 @@ class SandboxConfig:
         "retry_after_fraction",
         "garble_rate",
         "drift_every",
+        "drift_inserts",
+        "drift_updates",
+        "drift_deletes",
     )
 
     def update(self, **changes: object) -> None:

@@ -48,6 +48,10 @@ class SandboxControl:
         deletes): what happens at the source between two syncs."""
         return self.call("advance", body)
 
+    def changes(self) -> list[dict[str, Any]]:
+        """What drift changed so far (entity, kind, key, at), oldest first."""
+        return self.call("changes")
+
     def faults(self, **values: float) -> dict[str, Any]:
         return self.call("faults", values)
 

@@ -27,6 +27,7 @@ class FaultInjector:
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.rng = random.Random(config.fault_seed)
+        self.drift_rng = random.Random(config.drift_seed)  # apart, so faults stay reproducible
         self.injected: Counter[str] = Counter()
         self._collection_requests = 0
 

@@ -9,6 +9,7 @@ truth is what a perfect sync would hold.
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 from bisect import bisect_left, insort
 from collections import defaultdict
@@ -33,6 +34,58 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     if isinstance(value, str):
         return (1, value)
     return (2, repr(value))
+
+
+PLACES = ("before", "between", "after")  # where a drift insert's key lands in key order
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change drift made, for tests that must tell what moved during a run."""
+
+    entity: str
+    kind: str  # insert, update or delete
+    key: Any
+    at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "entity": self.entity,
+            "kind": self.kind,
+            "key": self.key,
+            "at": self.at.isoformat(),
+        }
+
+
+def _free_key(table: Table, place: str, rng: random.Random) -> Any:
+    """A key not in `table` that sorts before its first key, between two of its keys or
+    after its last, in the set's own kind: numbers, digit strings or opaque strings."""
+    keys = table.keys
+    numeric = table.entity.key_field.type is cat.Edm.INT32
+    if not keys:
+        return 1 if numeric else "1"
+    for _ in range(50):
+        if place == "before":
+            first = keys[0]
+            # Below the smallest number (zero and negatives are Int32 too); for text, a
+            # proper prefix of the first key sorts before it.
+            candidate = first - 1 if numeric else str(first)[:-1]
+        elif place == "between":
+            i = rng.randrange(len(keys) - 1) if len(keys) > 1 else 0
+            low = keys[i]
+            if numeric:
+                high = keys[i + 1] if i + 1 < len(keys) else low + 2
+                candidate = low + 1 if high - low > 1 else None
+            else:
+                candidate = f"{low}0"  # sorts right after `low`
+        else:
+            last = keys[-1]
+            candidate = last + 1 if numeric else f"{last}9"
+        fits = candidate not in (None, "") and _sort_key(candidate)[0] == _sort_key(keys[0])[0]
+        if fits and candidate not in table.by_key:
+            return candidate
+        place = rng.choice(PLACES)
+    return None
 
 
 class Table:
@@ -165,6 +218,7 @@ class Store:
             e.name: generator.first_id(e) + generator.size_of(e, scale) for e in cat.ENTITY_SETS
         }
         self._indexes: dict[tuple[str, str], dict[str, list[dict]]] = {}
+        self.changes: list[Change] = []  # what drift changed, oldest first
         self._seed_documents()
 
     # -- reading ---------------------------------------------------------------------------
@@ -224,20 +278,40 @@ class Store:
         for name, table in self.tables.items():
             n = len(table)
             deleted = self._delete(table, self._share(n, delete_fraction))
-            updated = self._update(table, self._share(n, update_fraction), before)
+            updated = len(self._update(table, self._share(n, update_fraction), before))
             inserted = self._insert(table, self._share(n, insert_fraction), before)
             summary[name] = {"inserted": inserted, "updated": updated, "deleted": deleted}
         self._indexes.clear()
         return summary
 
-    def drift(self, entity: EntitySet | None = None) -> None:
-        """A small change between page requests: one insert and one update, in one set or all."""
-        targets = [self.tables[entity.name]] if entity else list(self.tables.values())
+    def drift(
+        self,
+        entity: EntitySet,
+        *,
+        inserts: int = 1,
+        updates: int = 1,
+        deletes: int = 1,
+        rng: random.Random,
+    ) -> None:
+        """A change between two page requests of one set, the worst the spec allows: hard
+        deletes, inserts whose keys land before, between or after the keys a reader has
+        passed, and updates that move the set's change cursor. Logged in `changes`."""
+        table = self.tables[entity.name]
         before = self.now
         self.now = before + timedelta(seconds=1)
-        for table in targets:
-            self._insert(table, 1, before)
-            self._update(table, 1, before)
+        for _ in range(deletes):
+            if len(table):
+                key = table.keys[rng.randrange(len(table))]
+                table.delete(key)
+                self.changes.append(Change(entity.name, "delete", key, self.now))
+        for _ in range(inserts):
+            key = _free_key(table, rng.choice(PLACES), rng)
+            if key is None:
+                continue
+            self._insert(table, 1, before, key=key)
+            self.changes.append(Change(entity.name, "insert", key, self.now))
+        for key in self._update(table, updates, before, rng=rng):
+            self.changes.append(Change(entity.name, "update", key, self.now))
         self._indexes.clear()
 
     def plant(self, entity: EntitySet, record: dict) -> None:
@@ -248,7 +322,8 @@ class Store:
     def _share(self, n: int, fraction: float) -> int:
         return int(self._rng.binomial(n, min(fraction, 1.0))) if n else 0
 
-    def _insert(self, table: Table, n: int, after: datetime) -> int:
+    def _insert(self, table: Table, n: int, after: datetime, key: Any = None) -> int:
+        """`n` new records created in (after, now]; `key` gives the one record its key."""
         if n == 0:
             return 0
         name = table.entity.name
@@ -263,15 +338,21 @@ class Store:
             created_after=after.timestamp(),
         )
         self._next_id[name] += n
+        if key is not None:
+            records[0][table.entity.key] = key
         for record in records:
+            if record[table.entity.key] in table.by_key:  # a serial a drift key took already
+                continue
             table.upsert(record)
         return n
 
-    def _update(self, table: Table, n: int, after: datetime) -> int:
+    def _update(
+        self, table: Table, n: int, after: datetime, rng: random.Random | None = None
+    ) -> list[Any]:
         """Change a few fields of `n` records, with values a new record would have, and move
-        their `updated_at` past `after` where the set has one."""
+        their `updated_at` past `after` where the set has one; the keys changed."""
         if n == 0 or not len(table):
-            return 0
+            return []
         entity = table.entity
         template = generator.make_records(
             entity,
@@ -283,7 +364,13 @@ class Store:
             created_after=after.timestamp(),
         )
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
-        picks = self._rng.choice(len(table), size=min(n, len(table)), replace=False).tolist()
+        size = min(n, len(table))
+        picks = (
+            rng.sample(range(len(table)), size)
+            if rng
+            else self._rng.choice(len(table), size=size, replace=False).tolist()
+        )
+        keys = []
         for index, fresh in zip(picks, template, strict=False):
             record = dict(table.rows[index])
             for name in self._rng.choice(changeable, size=min(3, len(changeable)), replace=False):
@@ -291,7 +378,8 @@ class Store:
             if "updated_at" in entity.by_name:
                 record["updated_at"] = fresh["updated_at"]
             table.upsert(record)
-        return len(picks)
+            keys.append(record.get(entity.key))
+        return keys
 
     def _delete(self, table: Table, n: int) -> int:
         if n == 0 or not len(table):

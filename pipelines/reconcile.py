@@ -1,0 +1,378 @@
+"""Reconciliation: an extraction ends equal to the source as it stands when it ends.
+
+Paging reads every record that stays put (connectors/clinical_records/paging.py). A source
+that changes while it is read leaves three differences behind: an insert whose key sorts
+before keys already read, an update of a record already read, and a delete of one. They
+are found at the cost of a few requests:
+
+1. Before the read, the change mark: the newest value of the set's change cursor
+   (`$orderby=<cursor> desc`). Every write after it carries a cursor at or after it.
+2. After the read, rounds that each start with one probe: `$count=true&$top=100&$orderby=
+   <cursor> desc` answers, at one moment, the set's total and its newest writes. Those at or
+   after the mark are re-read into the batch (a probe whose hundred records all lie there
+   pages the rest by `<cursor> ge <mark>`), and the mark moves up to the newest. A set
+   without a cursor probes `$orderby=<key>`: a set of at most a hundred records comes back
+   whole and is compared key by key.
+3. If the total differs from the keys held, the difference lies in key ranges, each read
+   as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range of at most a hundred
+   records comes back whole and is compared key by key (held but gone: deleted; there but
+   not held: inserted); a larger range whose count agrees is left alone; one that disagrees
+   is split at held keys, or read whole by keyset paging when that costs fewer requests.
+4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
+   left is reported (`residual`), never silent.
+
+Exact for a set whose records carry `updated_at`. With `created_at` only, or no cursor, an
+update of a record already read cannot be seen, and a range count cannot tell an insert
+from a delete in the same range: `blind` says so (docs/ARCHITECTURE.md, "Reconciliation").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
+from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.paging import COUNT, record_key
+from connectors.clinical_records.query import Comparison, Expr, Query, all_of
+
+log = logging.getLogger(__name__)
+
+FUTURE = timedelta(days=1)  # a cursor further ahead than this is a sentinel, not a write
+
+
+@dataclass
+class Span:
+    """A key range [low, high) (None: open), its held keys `ordered[i:j]`, and the source's
+    count in it when known."""
+
+    low: Any
+    high: Any
+    i: int
+    j: int
+    count: int | None
+
+    @property
+    def held(self) -> int:
+        return self.j - self.i
+
+
+def default_budget(total: int) -> int:
+    """Requests one set may spend reconciling: at most what reading all of its `total`
+    records again would cost, a tenth more and a few; without drift a reconciliation never
+    needs more, so only a source that changes faster than it can be followed exhausts it."""
+    pages = math.ceil(total / PAGE_SIZE)
+    return 20 + pages + pages // 10
+
+
+@dataclass
+class Reconciliation:
+    """What reconciling one extraction found and cost."""
+
+    caught_up: int = 0  # records written at the source during the run, re-read by cursor
+    inserted: int = 0  # keys found in key ranges that the read had passed
+    deleted: int = 0  # keys read, then found gone: soft-deleted by the load
+    ranges: int = 0  # key ranges counted or re-read
+    rounds: int = 0  # probes of the set's total
+    requests: int = 0  # requests spent reconciling, the change mark's included
+    residual: int = 0  # records by which the total still differed when the budget ran out
+    blind: str = ""  # what this set's reconciliation cannot see
+
+    @property
+    def exact(self) -> bool:
+        return self.residual == 0
+
+    @property
+    def reconciled(self) -> int:
+        return self.caught_up + self.inserted + self.deleted
+
+    def metadata(self) -> dict[str, Any]:
+        return {f"reconcile_{name}": value for name, value in asdict(self).items()}
+
+
+def _blind(entity: EntitySet) -> str:
+    if entity.sees_updates:
+        return ""
+    if entity.change_cursor:
+        return "no updated_at: an update during the run is seen by the next snapshot"
+    return (
+        "no change cursor: updates, and an insert and a delete in one key range, "
+        "are seen by the next snapshot"
+    )
+
+
+def _moment(entity: EntitySet, value: Any) -> datetime | None:
+    """A cursor value as an instant to order by; None for what is no cursor value."""
+    if not isinstance(value, str):
+        return None
+    try:
+        if entity.field(entity.change_cursor).type is Edm.DATE:  # type: ignore[arg-type]
+            day = date.fromisoformat(value)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class Reconciler:
+    """Reconciles one extraction: `begin` before the read, `read` each page, `finish` after.
+
+    `held` are the keys the warehouse holds live before the run (an increment reads only
+    what changed); `take` receives every record re-read, to be written with the batch."""
+
+    def __init__(
+        self,
+        entity: EntitySet,
+        client: ClinicalClient,
+        *,
+        take: Callable[[list[dict]], None],
+        held: Iterable[Any] = (),
+    ) -> None:
+        self.entity, self.client, self.take = entity, client, take
+        self.key, self.cursor = entity.key, entity.change_cursor
+        self.numeric = entity.key_field.type is Edm.INT32
+        self.held: set[Any] = set(held)
+        self.gone: set[Any] = set()
+        self.unkeyed = 0  # records without a usable key: counted by the source, not rangeable
+        self.mark: tuple[str, datetime] | None = None  # (as sent, as an instant)
+        self.began: datetime | None = None
+        self.total: int | None = None  # the source's count at the last probe
+        self.ceiling = datetime.now(UTC) + FUTURE
+        self.result = Reconciliation(blind=_blind(entity))
+
+    # -- the three calls ----------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The change mark, before the read: every later write sorts at or after it."""
+        if self.cursor is None:
+            return
+        query = Query(
+            self.entity,
+            select=[self.key, self.cursor],
+            orderby=[(self.cursor, True)],
+            top=PAGE_SIZE,
+        )
+        self._move_mark(self._page(query)["value"])
+        self.began = self.mark[1] if self.mark else None
+
+    def read(self, records: list[dict]) -> None:
+        for record in records:
+            key = self._key(record)
+            if key is None:
+                self.unkeyed += 1
+            else:
+                self.held.add(key)
+
+    def finish(self, budget: int | None = None) -> Reconciliation:
+        """Probe, and chase differences through key ranges, until the total agrees or
+        `budget` requests are spent (default: `default_budget` of the source's total)."""
+        result = self.result
+        while True:
+            result.rounds += 1
+            before = (len(self.held), len(self.gone), result.caught_up)
+            self.total = self._probe()
+            if budget is None:
+                budget = default_budget(self.total)
+            difference = self.total - (len(self.held) + self.unkeyed)
+            if difference == 0:
+                result.residual = 0
+                break
+            if result.requests >= budget:
+                result.residual = abs(difference)
+                log.warning(
+                    "%s: the source changed faster than reconciliation could follow: its count "
+                    "still differs by %d after %d extra requests (budget %d); the next run "
+                    "starts from what was committed",
+                    self.entity.name,
+                    abs(difference),
+                    result.requests,
+                    budget,
+                )
+                break
+            self._narrow(budget)
+            if (len(self.held), len(self.gone), result.caught_up) == before:
+                result.residual = abs(difference)  # nothing found: ranges cannot place it
+                log.warning(
+                    "%s: the source's count differs by %d from the keys held, and no key range "
+                    "shows where (keys the service orders otherwise?)",
+                    self.entity.name,
+                    abs(difference),
+                )
+                break
+        return result
+
+    def deleted_keys(self) -> list[str]:
+        """Keys read, then found gone at the source, as text (the lake's form)."""
+        return sorted(str(k) for k in self.gone)
+
+    # -- probes -------------------------------------------------------------------------------
+
+    def _probe(self) -> int:
+        """One request: the source's total now, and its writes since the mark re-read."""
+        if self.cursor is None:
+            query = Query(self.entity, orderby=[(self.key, False)], top=PAGE_SIZE, count=True)
+            envelope = self._page(query)
+            total = int(envelope[COUNT])
+            if len(envelope["value"]) >= total:  # the whole set, at one moment
+                self._settle(sorted(self.held), envelope["value"])
+            return total
+        query = Query(
+            self.entity,
+            orderby=[(self.cursor, True), (self.key, False)],
+            top=PAGE_SIZE,
+            count=True,
+        )
+        envelope = self._page(query)
+        newest = envelope["value"]
+        written = [r for r in newest if self._since_mark(r)]
+        if len(written) >= PAGE_SIZE and self.mark is not None:
+            since = Comparison(self.cursor, "ge", self.mark[0])
+            written = list(self._all(Query(self.entity, filter=since)))
+        self._reread(written)
+        self._move_mark(newest + written)
+        return int(envelope[COUNT])
+
+    def _since_mark(self, record: dict) -> bool:
+        if self.mark is None:
+            return True
+        moment = _moment(self.entity, record.get(self.cursor))
+        return moment is None or moment >= self.mark[1]
+
+    def _move_mark(self, records: list[dict]) -> None:
+        """The newest cursor value that is no sentinel from the future."""
+        for record in records:
+            value = record.get(self.cursor)
+            moment = _moment(self.entity, value)
+            if moment is None or moment > self.ceiling:
+                continue
+            if self.mark is None or moment > self.mark[1]:
+                self.mark = (value, moment)
+
+    def _reread(self, records: list[dict]) -> None:
+        """Records written since the mark: a new version of each goes into the batch."""
+        if not records:
+            return
+        for record in records:
+            key = self._key(record)
+            moment = _moment(self.entity, record.get(self.cursor))
+            if key is None:
+                continue
+            if key not in self.held or (self.began and moment and moment > self.began):
+                self.result.caught_up += 1
+            self.held.add(key)
+            self.gone.discard(key)
+        self.take(records)
+
+    # -- key ranges ---------------------------------------------------------------------------
+
+    def _narrow(self, budget: int) -> None:
+        """Find where the source and the held keys differ by halving key ranges: a half's
+        count comes from one request, the other half's is the rest of its parent's."""
+        ordered = sorted(self.held)
+        pending: deque[Span] = deque([Span(None, None, 0, len(ordered), self.total)])
+        while pending and self.result.requests < budget:
+            span = pending.popleft()
+            if span.count == span.held:
+                continue
+            pages = math.ceil(max(span.count or 0, span.held) / PAGE_SIZE)
+            differ = abs((span.count or 0) - span.held)
+            if span.held < 2 or pages <= max(2, differ * math.log2(pages)):
+                first = self._range_page(span.low, span.high)
+                self._settle(ordered[span.i : span.j], self._read_on(first["value"], span.high))
+                continue
+            middle = (span.i + span.j) // 2
+            left = Span(span.low, ordered[middle], span.i, middle, None)
+            first = self._range_page(left.low, left.high)
+            left.count = int(first[COUNT])
+            if len(first["value"]) >= left.count:  # the whole half came back: settled
+                self._settle(ordered[left.i : left.j], first["value"])
+            else:
+                pending.append(left)
+            rest = None if span.count is None else span.count - left.count
+            pending.append(Span(ordered[middle], span.high, middle, span.j, rest))
+
+    def _range_page(self, low: Any, high: Any) -> dict[str, Any]:
+        """One request: a key range's count and its first page."""
+        self.result.ranges += 1
+        return self._page(
+            Query(
+                self.entity,
+                filter=self._range(low, high),
+                orderby=[(self.key, False)],
+                top=PAGE_SIZE,
+                count=True,
+            )
+        )
+
+    def _read_on(self, records: list[dict], high: Any) -> list[dict]:
+        """A range whose first page is `records`, read on by keyset pages to its end."""
+        page = records
+        while len(page) >= PAGE_SIZE:
+            last = self._key(page[-1])
+            if last is None:
+                break
+            envelope = self._page(
+                Query(
+                    self.entity,
+                    filter=self._range(None, high, after=last),
+                    orderby=[(self.key, False)],
+                    top=PAGE_SIZE,
+                )
+            )
+            page = envelope["value"]
+            records = records + page
+        return records
+
+    def _range(self, low: Any, high: Any, after: Any = None) -> Expr | None:
+        return all_of(
+            None if low is None else Comparison(self.key, "ge", low),
+            None if after is None else Comparison(self.key, "gt", after),
+            None if high is None else Comparison(self.key, "lt", high),
+        )
+
+    def _settle(self, held_here: list[Any], records: list[dict]) -> None:
+        """`records` are a key range as it stands: held keys missing from it are gone."""
+        there = {k for k in map(self._key, records) if k is not None}
+        gone = [k for k in held_here if k not in there]
+        new = there - self.held
+        self.held.difference_update(gone)
+        self.gone.update(gone)
+        self.gone.difference_update(there)
+        self.held.update(there)
+        self.result.deleted = len(self.gone)
+        self.result.inserted += len(new)
+        if records:
+            self.take(records)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _page(self, query: Query) -> dict[str, Any]:
+        before = self.client.stats.requests
+        try:
+            return self.client.page(self.entity, query)
+        finally:
+            self.result.requests += self.client.stats.requests - before
+
+    def _all(self, query: Query) -> Iterator[dict]:
+        before = self.client.stats.requests
+        try:
+            for page in self.client.iter_pages(self.entity, query):
+                yield from page.records
+        finally:
+            self.result.requests += self.client.stats.requests - before
+
+    def _key(self, record: dict) -> Any:
+        return record_key(record.get(self.key), self.numeric)
+
+
+def held_from(entity: EntitySet, keys: Iterable[Any]) -> set[Any]:
+    """Warehouse keys (canonical types) in the kind the API sends them."""
+    numeric = entity.key_field.type is Edm.INT32
+    found = (record_key(v if numeric else str(v), numeric) for v in keys)
+    return {k for k in found if k is not None}
