@@ -233,11 +233,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 "mode": extraction.mode,
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
-                **{
-                    k: v
-                    for k, v in extraction.reconciliation.metadata().items()
-                    if k != "reconcile_blind"
-                },
+                **extraction.reconciliation.figures(),
                 "watermark": watermark or "",
                 "lake_files_written": len(extraction.files),
                 "live_rows": rows,

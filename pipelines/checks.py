@@ -64,7 +64,6 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
 
 def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetCheckResult:
     """Passes when the set's count agreed with the keys held at the end of its extraction."""
-    figures = {k: v for k, v in reconciliation.metadata().items() if k != "reconcile_blind"}
     return AssetCheckResult(
         check_name=RECONCILED,
         passed=reconciliation.exact,
@@ -73,7 +72,7 @@ def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetChe
             if skipped
             else reconciliation.blind or "exact: inserts, updates and deletes seen"
         ),
-        metadata=figures,
+        metadata=reconciliation.figures(),
     )
 
 

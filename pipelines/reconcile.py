@@ -13,11 +13,12 @@ are found at the cost of a few requests:
    pages the rest by `<cursor> ge <mark>`), and the mark moves up to the newest. A set
    without a cursor probes `$orderby=<key>`: a set of at most a hundred records comes back
    whole and is compared key by key.
-3. If the total differs from the keys held, the difference lies in key ranges, each read
-   as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range of at most a hundred
-   records comes back whole and is compared key by key (held but gone: deleted; there but
-   not held: inserted); a larger range whose count agrees is left alone; one that disagrees
-   is split at held keys, or read whole by keyset paging when that costs fewer requests.
+3. If the total differs from the keys held, the difference lies in key ranges, each asked
+   as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range that disagrees is
+   halved at a held key: one request counts the lower half, the upper half's count is the
+   rest of its parent's. A range of at most a hundred records comes back whole and is
+   compared key by key (held but gone: deleted; there but not held: inserted); a range whose
+   count agrees is left alone; one cheaper to read than to halve is read by keyset pages.
 4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
    left is reported (`residual`), never silent.
 
@@ -43,7 +44,8 @@ from connectors.clinical_records.query import Comparison, Expr, Query, all_of
 
 log = logging.getLogger(__name__)
 
-FUTURE = timedelta(days=1)  # a cursor further ahead than this is a sentinel, not a write
+FUTURE = timedelta(days=1)
+FRUITLESS = 3  # narrowings in a row that find nothing before a difference is left reported  # a cursor further ahead than this is a sentinel, not a write
 
 
 @dataclass
@@ -67,7 +69,7 @@ def default_budget(total: int) -> int:
     records again would cost, a tenth more and a few; without drift a reconciliation never
     needs more, so only a source that changes faster than it can be followed exhausts it."""
     pages = math.ceil(total / PAGE_SIZE)
-    return 20 + pages + pages // 10
+    return 30 + pages + pages // 10
 
 
 @dataclass
@@ -91,8 +93,13 @@ class Reconciliation:
     def reconciled(self) -> int:
         return self.caught_up + self.inserted + self.deleted
 
+    def figures(self) -> dict[str, int]:
+        """The numbers, as run metadata (plotted in the UI) and check metadata name them."""
+        named = {f"reconcile_{k}": v for k, v in asdict(self).items() if k != "blind"}
+        return {**named, "reconciled": self.reconciled}
+
     def metadata(self) -> dict[str, Any]:
-        return {f"reconcile_{name}": value for name, value in asdict(self).items()}
+        return {**self.figures(), "reconcile_blind": self.blind}
 
 
 def _blind(entity: EntitySet) -> str:
@@ -173,6 +180,7 @@ class Reconciler:
         """Probe, and chase differences through key ranges, until the total agrees or
         `budget` requests are spent (default: `default_budget` of the source's total)."""
         result = self.result
+        fruitless = 0  # narrowings in a row that found nothing (drift moved the counts?)
         while True:
             result.rounds += 1
             before = (len(self.held), len(self.gone), result.caught_up)
@@ -196,8 +204,10 @@ class Reconciler:
                 )
                 break
             self._narrow(budget)
-            if (len(self.held), len(self.gone), result.caught_up) == before:
-                result.residual = abs(difference)  # nothing found: ranges cannot place it
+            found = (len(self.held), len(self.gone), result.caught_up) != before
+            fruitless = 0 if found else fruitless + 1
+            if fruitless >= FRUITLESS:
+                result.residual = abs(difference)
                 log.warning(
                     "%s: the source's count differs by %d from the keys held, and no key range "
                     "shows where (keys the service orders otherwise?)",

@@ -40,6 +40,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rows_updated", "updated"),
     ("rows_soft_deleted", "deleted"),
     ("rows_rejected", "rejected"),
+    ("reconciled", "reconciled"),
     ("live_rows", "rows"),
     ("requests", "requests"),
     ("throttled_429", "429s"),
