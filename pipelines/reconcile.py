@@ -24,7 +24,8 @@ are found at the cost of a few requests:
 
 Exact for a set whose records carry `updated_at`. With `created_at` only, or no cursor, an
 update of a record already read cannot be seen, and a range count cannot tell an insert
-from a delete in the same range: `blind` says so (docs/ARCHITECTURE.md, "Reconciliation").
+from a delete in the same range: `blind` says so, and README.md ("How a sync spends its
+requests") tells operators.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("reconciled", "reconciled"),
     ("live_rows", "rows"),
     ("requests", "requests"),
+    ("reconcile_requests", "of which reconciling"),
     ("throttled_429", "429s"),
     ("retries", "retries"),
     ("wait_seconds", "wait s"),
