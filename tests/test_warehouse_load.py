@@ -133,6 +133,29 @@ def test_a_batch_extracted_before_the_deleting_snapshot_does_not_bring_a_record_
     ) == [("2.5000", True), ("9.0000", True)]
 
 
+def test_keys_found_deleted_by_an_extraction_are_soft_deleted_as_of_it(harness):
+    """Reconciliation's deletes (the lake's `_deletes/`): applied once, in the load's
+    transaction, to live rows extracted no later than the batch; a first load too."""
+    first = harness.sync(CLAIMS, [record(CLAIMS, i) for i in (1, 2, 3)], deletes=["3"])
+    assert (first.inserted, first.soft_deleted) == (3, 1)
+    path = harness.write(CLAIMS, [record(CLAIMS, 4)], day=1, deletes=["1", "99"])
+    result = harness.wh.load(CLAIMS, [path], run_id="r2", snapshot=False)
+    assert (result.inserted, result.soft_deleted) == (1, 1)
+    gone = harness.rows(
+        'SELECT "id", "_deleted_at" = ? FROM "clinical"."claims" WHERE "_deleted_at" IS NOT NULL '
+        "ORDER BY 1",
+        [Lake.info(path).extracted],
+    )
+    assert gone == [(1, True), (3, False)]
+    again = harness.wh.load(CLAIMS, [path], run_id="r2", snapshot=False)
+    assert again.soft_deleted == 0
+    # A delete extracted before a newer version of the key was loaded leaves that version.
+    harness.sync(CLAIMS, [record(CLAIMS, 2, updated_at="2026-03-01")], day=5)
+    stale = harness.write(CLAIMS, [], day=3, deletes=["2"])
+    assert harness.wh.load(CLAIMS, [stale], run_id="late", snapshot=False).soft_deleted == 0
+    assert harness.rows('SELECT "_deleted_at" FROM "clinical"."claims" WHERE "id" = 2') == [(None,)]
+
+
 def test_a_new_record_extracted_before_a_snapshot_that_missed_it_loads_deleted(harness):
     # Overlapping runs: an incremental run extracted claims 3 and 4 (day 0); a snapshot
     # extracted on day 1, without claim 3 (deleted at the source since) and with claim 4

@@ -19,11 +19,14 @@ def test_rebuild_from_the_lake_equals_the_original(tmp_path):
         CLAIMS,
         [record(CLAIMS, 1, total_claim_amount="9.99", updated_at="2026-02-03"), record(CLAIMS, 3)],
         day=1,
+        deletes=["2"],  # found gone by the extraction's reconciliation
     )
     h.sync(PATIENTS, [record(PATIENTS, i, id=str(i)) for i in (1, 3)], day=1, snapshot=True)
     h.sync(APPOINTMENTS, [record(APPOINTMENTS, 1, patient_id="3", loyalty="gold")], day=1)
     h.sync(PATIENTS, [record(PATIENTS, i, id=str(i)) for i in (1, 2, 3)], day=2, snapshot=True)
     h.wh.refresh_models()
+    (deleted,) = h.rows('SELECT count(*) FROM "clinical"."claims" WHERE "_deleted_at" IS NOT NULL')
+    assert deleted == (1,)
     h.close()
     original = contents(h.path)
     assert len(original["history.claims"]) == 4 and len(original["ops.rejects"]) == 2

@@ -47,7 +47,13 @@ class Harness:
         self.runs = 0
 
     def write(
-        self, entity: EntitySet, records: list, *, day: int = 0, snapshot: bool = False
+        self,
+        entity: EntitySet,
+        records: list,
+        *,
+        day: int = 0,
+        snapshot: bool = False,
+        deletes: Sequence[str] = (),
     ) -> Path:
         self.runs += 1
         batch = normalise(entity, records)
@@ -59,12 +65,19 @@ class Harness:
             rejects=batch.rejects,
             snapshot_complete=snapshot,
             watermark=f"w{self.runs}",
+            deletes=deletes,
         )
 
     def sync(
-        self, entity: EntitySet, records: list, *, day: int = 0, snapshot: bool = False
+        self,
+        entity: EntitySet,
+        records: list,
+        *,
+        day: int = 0,
+        snapshot: bool = False,
+        deletes: Sequence[str] = (),
     ) -> LoadResult:
-        path = self.write(entity, records, day=day, snapshot=snapshot)
+        path = self.write(entity, records, day=day, snapshot=snapshot, deletes=deletes)
         run_id = Lake.info(path).run_id
         return self.wh.load(
             entity, [path], run_id=run_id, snapshot=snapshot, watermark=f"w{self.runs}"
