@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from warehouse.private import private_umask
+
+    private_umask()  # the warehouse, lake and Dagster home hold PHI: owner-only files
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -35,8 +35,13 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import mark_failed_runs
+from warehouse.private import private_umask
 
 NIGHTLY_CRON = "0 2 * * *"
+
+# The code location's processes (code server, run and step workers) write the warehouse, the
+# lake and Dagster's storage: every file they create is owner-only, whatever the umask.
+private_umask()
 
 
 def timezone() -> str:

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from connectors.clinical_records.catalogue import EntitySet
 from warehouse.errors import SourceMismatch
 from warehouse.normalise import Reject
+from warehouse.private import PRIVATE_FILE, create_private, private_dir, tighten_tree
 from warehouse.schema import arrow_schema, dictionary_columns
 
 META_KEY = b"clinical_sync.batch"
@@ -81,8 +82,19 @@ def _utc(moment: datetime) -> datetime:
 
 
 class Lake:
+    """Every folder and file of the lake is owner-only (0700, 0600), whatever the umask; a lake
+    written before that rule is tightened by its next writer."""
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._private = False
+
+    def _private_dir(self, folder: Path) -> Path:
+        if not self._private:
+            private_dir(self.root)
+            tighten_tree(self.root, f"lake {self.root}")
+            self._private = True
+        return private_dir(folder)
 
     def entity_dir(self, entity: EntitySet) -> Path:
         return self.root / f"entity={entity.table}"
@@ -105,9 +117,8 @@ class Lake:
         table = table.cast(arrow_schema(entity))
         extracted_at = _utc(extracted_at)
         partition = self.entity_dir(entity) / f"extracted_date={extracted_at.date().isoformat()}"
-        partition.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / "_tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._private_dir(partition)
+        tmp_dir = self._private_dir(self.root / "_tmp")
         batch_id = uuid.uuid4().hex
         if rejects:
             self._write_rejects(entity, batch_id, rejects, tmp_dir)
@@ -135,6 +146,7 @@ class Lake:
                 compression="zstd",
                 use_dictionary=dictionary_columns(entity),
             )
+            tmp.chmod(PRIVATE_FILE)  # pyarrow creates it with the umask's mode, in private _tmp/
             final = partition / f"{run_id}-{info.seq:06d}.parquet"
             try:
                 os.link(tmp, final)
@@ -150,9 +162,10 @@ class Lake:
     ) -> None:
         rows = [{**asdict(r), "fields": list(r.fields)} for r in rejects]
         target = self.root / "_rejects" / f"entity={entity.table}" / f"{batch_id}.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dir(target.parent)
         tmp = tmp_dir / f"{batch_id}.rejects.parquet"
         pq.write_table(pa.Table.from_pylist(rows, REJECTS_SCHEMA), tmp, compression="zstd")
+        tmp.chmod(PRIVATE_FILE)
         os.replace(tmp, target)
 
     @staticmethod
@@ -200,9 +213,10 @@ class Lake:
                 f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT, "
                 "or sync --force to adopt the new source"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._private_dir(self.root)
         tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"
-        tmp.write_text(json.dumps(wanted), encoding="utf-8")
+        with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
+            out.write(json.dumps(wanted))
         os.replace(tmp, self.root / SOURCE_FILE)
 
     @staticmethod
