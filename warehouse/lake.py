@@ -203,6 +203,7 @@ class Lake:
 
     def record_source(self, base_url: str, customer: str, force: bool = False) -> None:
         """Remember the source once; refuse batches from another one unless `force`."""
+        self._private_dir(self.root)  # every extraction passes here: an old lake is tightened
         wanted = {"base_url": base_url, "customer": customer}
         known = self.source()
         if known == wanted:
@@ -213,7 +214,6 @@ class Lake:
                 f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT, "
                 "or sync --force to adopt the new source"
             )
-        self._private_dir(self.root)
         tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"
         with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
             out.write(json.dumps(wanted))
