@@ -139,8 +139,7 @@ def test_open_files_from_before_are_tightened_once_with_a_log_line(tmp_path, cap
         assert tighten_tree(lake, f"lake {lake}") == 3
         assert tighten_tree(lake, f"lake {lake}") == 0
     assert [r.getMessage() for r in caplog.records] == [
-        f"lake {lake}: 3 files and folders were readable by other accounts; now owner-only "
-        "(0600/0700)"
+        f"lake {lake}: 3 files and folders were open to other accounts; now owner-only (0600/0700)"
     ]
     assert mode(lake / "entity=claims" / "a.parquet") == 0o600
 

@@ -87,11 +87,8 @@ def tighten(paths: list[Path], what: str) -> int:
                 for name in (*dirs, *files):
                     changed += make_private(os.path.join(folder, name))
     if changed:
-        log.warning(
-            "%s: %d files and folders were readable by other accounts; now owner-only (0600/0700)",
-            what,
-            changed,
-        )
+        entries = "1 file or folder was" if changed == 1 else f"{changed} files and folders were"
+        log.warning("%s: %s open to other accounts; now owner-only (0600/0700)", what, entries)
     return changed
 
 

@@ -132,5 +132,5 @@ def test_a_sync_under_umask_000_leaves_nothing_readable_by_others(tmp_path):
             path.chmod(0o755 if path.is_dir() else 0o644)
         done = sync_under_umask_000()
         assert open_entries(target.root) == []
-        assert f"warehouse {target.warehouse}: 1 files and folders were readable" in done.stderr
+        assert f"warehouse {target.warehouse}: 1 file or folder was open" in done.stderr
         assert f"lake {target.lake}: " in done.stderr
