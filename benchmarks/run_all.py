@@ -36,6 +36,7 @@ HELPERS = {"__init__", "common", "measure", "truth", "dlt_source", "run_all"}
 QUICK_ARGS: dict[str, list[str]] = {
     "e2e_vs_dlt": ["--quick"],
     "scaling": ["--scales", "1", "10"],
+    "publish_cost": ["--scales", "10"],
 }
 
 

@@ -8,12 +8,13 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dagster import (
     AssetExecutionContext,
     AssetIn,
+    AssetKey,
     AssetsDefinition,
     AssetSpec,
     MaterializeResult,
@@ -33,6 +34,8 @@ from pipelines.keys import (
     CLINICAL_GROUP,
     LAKE_GROUP,
     OWNERS,
+    PUBLISHED_GROUP,
+    PUBLISHED_KEY,
     WAREHOUSE_POOL,
     lake_key,
     model_key,
@@ -52,6 +55,7 @@ from pipelines.strategy import Mode, plan
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
+from warehouse.publish import publish
 
 # Connector counters -> metadata labels the UI plots run over run.
 API_METADATA: dict[str, str] = {
@@ -153,7 +157,7 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
         sync_options: SyncOptionsResource,
     ) -> Output[Extraction]:
         settings = clinical_api.settings()
-        state = read_state(warehouse.path, entity)
+        state = read_state(warehouse.working(), entity)
         todo = plan(entity, state, sync_options.options())
         context.log.info(f"{entity.name}: {todo.mode.value} ({todo.reason})")
         the_lake = lake.lake()
@@ -197,7 +201,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
         sync_options: SyncOptionsResource,
     ) -> Iterator[Any]:
         settings = clinical_api.settings()
-        with Warehouse(warehouse.path, wait=LOCK_WAIT_SECONDS) as wh:
+        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
@@ -260,7 +264,7 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
 
     @multi_asset(specs=specs, name="analytics_models", pool=WAREHOUSE_POOL, can_subset=True)
     def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
-        with Warehouse(warehouse.path, wait=LOCK_WAIT_SECONDS) as wh:
+        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.refresh_models()
             for m in found:
@@ -274,12 +278,54 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
     return analytics_models
 
 
+def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> AssetsDefinition:
+    """`published/warehouse`, downstream of every step that writes the warehouse: it runs
+    when they all succeeded (a failed or skipped one skips it), so a failed run publishes
+    nothing. Alone in the `warehouse` pool, like every step that writes DuckDB."""
+    keys = [k for u in upstream for k in _keys(u)]
+
+    @asset(
+        key=PUBLISHED_KEY,
+        deps=list(dict.fromkeys(keys)),
+        group_name=PUBLISHED_GROUP,
+        kinds={"duckdb"},
+        owners=OWNERS,
+        pool=WAREHOUSE_POOL,
+        description=(
+            "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
+            "committed it, published atomically; open connections keep the previous one"
+        ),
+    )
+    def published_warehouse(context, warehouse: WarehouseResource) -> MaterializeResult:
+        done = publish(warehouse.working(), warehouse.path, wait=LOCK_WAIT_SECONDS)
+        context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
+        return MaterializeResult(
+            metadata={
+                "path": MetadataValue.path(str(done.path)),
+                "bytes": done.bytes,
+                "seconds": done.seconds,
+            }
+        )
+
+    return published_warehouse
+
+
+def _keys(upstream: AssetKey | AssetsDefinition) -> list[AssetKey]:
+    return [upstream] if isinstance(upstream, AssetKey) else list(upstream.keys)
+
+
 def build_assets() -> list[AssetsDefinition]:
     out: list[AssetsDefinition] = []
     for entity in ENTITY_SETS:
         out += [build_extract_asset(entity), build_load_asset(entity)]
     out.append(build_models_asset(models()))
     return out
+
+
+def build_sync_assets() -> list[AssetsDefinition]:
+    """The entity sets' assets and the models, then their publication."""
+    found = build_assets()
+    return [*found, build_publish_asset(found)]
 
 
 def build_reference_checks():

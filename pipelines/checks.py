@@ -187,7 +187,7 @@ def reference_check(ref: Reference):
         ),
     )
     def check(context, warehouse: WarehouseResource):
-        with Warehouse(warehouse.path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+        with Warehouse(warehouse.working(), read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
             total, missing = dangling(wh.con, ref)
         return AssetCheckResult(
             passed=missing == 0,

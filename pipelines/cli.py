@@ -116,6 +116,17 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_lazy("pipelines.commands", "status"))
 
 
+def _add_sql(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sql",
+        help="query the published warehouse read-only (a shell, or one query with -c)",
+        description="Read-only SQL on WAREHOUSE_PATH, the copy the last successful sync "
+        "published; it never blocks a sync. Statements come from -c, else from stdin.",
+    )
+    p.add_argument("-c", dest="command_text", metavar="SQL", help="run these and print the table")
+    p.set_defaults(func=_lazy("pipelines.query", "sql"))
+
+
 def _add_rebuild(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rebuild", help="rebuild the DuckDB warehouse from the Parquet lake")
     p.set_defaults(func=_lazy("pipelines.commands", "rebuild"))
@@ -141,6 +152,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_sandbox,
     _add_sync,
     _add_status,
+    _add_sql,
     _add_demo,
     _add_rebuild,
     _add_dev,
@@ -177,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from warehouse.private import private_umask
+
+    private_umask()  # the warehouse, lake and Dagster home hold PHI: owner-only files
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

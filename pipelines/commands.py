@@ -89,11 +89,16 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def rebuild(args: argparse.Namespace) -> int:
+    """Rebuild the working copy from the lake, then publish it."""
+    from pipelines.state import LOCK_WAIT_SECONDS
+    from warehouse.publish import publish, working_copy
     from warehouse.rebuild import rebuild as rebuild_warehouse
 
     lake, path = home.lake_root(), home.warehouse_path()
     print(f"rebuilding {path} from the lake at {lake} ...", file=sys.stderr)
-    results = rebuild_warehouse(lake, path)
+    work = working_copy(path, adopt=False)
+    results = rebuild_warehouse(lake, work)
+    publish(work, path, wait=LOCK_WAIT_SECONDS)
     rows = [("entity set", "fetched", "inserted", "updated", "deleted", "rejected")]
     for name, r in results.items():
         figures = (r.fetched, r.inserted, r.updated, r.soft_deleted, r.rejected)

@@ -22,10 +22,10 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
-from pipelines.assets import build_assets, build_reference_checks
+from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
 from pipelines.checks import freshness_checks
 from pipelines.documents_asset import patient_documents
-from pipelines.keys import lake_key, table_key
+from pipelines.keys import PUBLISHED_KEY, lake_key, table_key
 from pipelines.resources import (
     DEFAULT_LAKE_ROOT,
     DEFAULT_WAREHOUSE_PATH,
@@ -35,8 +35,13 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import mark_failed_runs
+from warehouse.private import private_umask
 
 NIGHTLY_CRON = "0 2 * * *"
+
+# The code location's processes (code server, run and step workers) write the warehouse, the
+# lake and Dagster's storage: every file they create is owner-only, whatever the umask.
+private_umask()
 
 
 def timezone() -> str:
@@ -73,6 +78,7 @@ def _options(**values: object) -> dict[str, object]:
 
 
 ASSETS = build_assets()
+PUBLISHED = build_publish_asset([*ASSETS, patient_documents])
 CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
 
 nightly_sync = define_asset_job(
@@ -88,13 +94,13 @@ full_resync = define_asset_job(
 )
 documents_sync = define_asset_job(
     "documents_sync",
-    selection=AssetSelection.assets(patient_documents),
+    selection=AssetSelection.assets(patient_documents, PUBLISHED_KEY),
     description="Patient documents' metadata (content only when asked in the launchpad)",
 )
 backfill_range = define_asset_job(
     "backfill_range",
     selection=AssetSelection.assets(
-        *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS]
+        *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS], PUBLISHED_KEY
     ),
     config=_options(backfill_from="YYYY-MM-DD", backfill_to="YYYY-MM-DD"),
     description="Re-read a date range of the sets with a cursor; the nightly watermark stays",
@@ -110,7 +116,7 @@ nightly_schedule = ScheduleDefinition(
 FRESHNESS, FRESHNESS_SENSOR = freshness_checks([table_key(e) for e in ENTITY_SETS])
 
 defs = Definitions(
-    assets=[*ASSETS, patient_documents],
+    assets=[*ASSETS, patient_documents, PUBLISHED],
     asset_checks=[*build_reference_checks(), *FRESHNESS],
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],

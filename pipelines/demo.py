@@ -14,6 +14,8 @@ from connectors.clinical_records.catalogue import ENTITY_SETS
 from pipelines import home
 from pipelines.commands import format_table, terminal_progress
 from warehouse.ident import qualified
+from warehouse.private import private_dir
+from warehouse.publish import working_path
 
 ANALYTICS_QUERY = """
 SELECT category,
@@ -34,10 +36,11 @@ def _say(text: str = "") -> None:
 def _fresh(root: Path) -> tuple[Path, Path]:
     """The demo's own lake and warehouse, emptied: each demo starts from nothing."""
     lake, warehouse = root / "lake", root / "warehouse.duckdb"
-    shutil.rmtree(lake, ignore_errors=True)
+    for folder in (lake, working_path(warehouse).parent):
+        shutil.rmtree(folder, ignore_errors=True)
     for leftover in (warehouse, warehouse.with_name(warehouse.name + ".wal")):
         leftover.unlink(missing_ok=True)
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     return lake, warehouse
 
 

@@ -48,10 +48,11 @@ from pipelines.documents_plan import (
     load_state,
     plan_listing,
 )
-from warehouse.content_store import PRIVATE_DIR, PRIVATE_FILE
+from warehouse.content_store import PRIVATE_FILE
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
 from warehouse.normalise import REJECT, normalise
+from warehouse.private import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _notes_dir(lake_root: str | Path) -> Path:
 def note_patient(lake_root: str | Path, patient_id: str) -> None:
     """Remember a patient whose documents we changed: the next sync lists it whole."""
     folder = _notes_dir(lake_root)
-    folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    private_dir(folder)
     fd = os.open(folder / PENDING_NOTES, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
     with os.fdopen(fd, "a", encoding="utf-8") as out:
         out.write(patient_key(patient_id) + "\n")  # one short append: atomic

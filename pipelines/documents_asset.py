@@ -70,7 +70,7 @@ def patient_documents(
     report = sync_documents(
         clinical_api.settings(),
         lake_root=lake.root,
-        warehouse_path=warehouse.path,
+        warehouse_path=warehouse.working(),
         run_id=context.run.run_id,
         options=config.options(sync_options.full),
         logger=context.log,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance
 
 from pipelines.resources import DEFAULT_LAKE_ROOT, DEFAULT_WAREHOUSE_PATH
+from warehouse.private import PRIVATE_FILE, private_dir, tighten_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
@@ -39,7 +40,8 @@ def dagster_home() -> Path:
     gets it only when it has none (their own settings win).
     """
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)  # Dagster's storage keeps step outputs and logs of PHI-bearing runs
+    tighten_tree(home, f"Dagster home {home}")
     target = home / "dagster.yaml"
     ours = INSTANCE_YAML.read_text(encoding="utf-8") if INSTANCE_YAML.exists() else None
     default_home = home == Path(DEFAULT_DAGSTER_HOME).resolve()
@@ -47,6 +49,7 @@ def dagster_home() -> Path:
     if ours is not None and current != ours and (current is None or default_home):
         partial = home / f".dagster.yaml.{os.getpid()}"
         shutil.copyfile(INSTANCE_YAML, partial)
+        partial.chmod(PRIVATE_FILE)
         os.replace(partial, target)  # a concurrent command never reads half a file
     os.environ["DAGSTER_HOME"] = str(home)
     return home

@@ -1,5 +1,5 @@
 """Asset keys and groups, one naming rule for the graph: `lake/<table>`, `clinical/<table>`,
-`analytics/<view>`."""
+`analytics/<view>`, and `published/warehouse`: the copy analysts read."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from connectors.clinical_records.catalogue import EntitySet
 LAKE_GROUP = "lake"
 CLINICAL_GROUP = "clinical"
 ANALYTICS_GROUP = "analytics"
+PUBLISHED_GROUP = "published"
 OWNERS = ["team:clinical-data"]
 API_POOL = "clinical_api"
 WAREHOUSE_POOL = "warehouse"
@@ -25,3 +26,6 @@ def table_key(entity: EntitySet) -> AssetKey:
 
 def model_key(name: str) -> AssetKey:
     return AssetKey([ANALYTICS_GROUP, name])
+
+
+PUBLISHED_KEY = AssetKey([PUBLISHED_GROUP, "warehouse"])

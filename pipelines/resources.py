@@ -73,15 +73,17 @@ class LakeResource(ConfigurableResource):
 
 
 class WarehouseResource(ConfigurableResource):
-    """The DuckDB warehouse file (WAREHOUSE_PATH); one writer at a time (pool `warehouse`)."""
+    """The published warehouse (WAREHOUSE_PATH) analysts read, and the working copy beside it
+    that the sync writes, one step at a time (pool `warehouse`); see warehouse/publish.py."""
 
     path: str = DEFAULT_WAREHOUSE_PATH
 
-    def open(self):  # -> warehouse.load.Warehouse
-        from warehouse.load import Warehouse
+    def working(self) -> str:
+        """The working copy every step that reads or writes sync state opens."""
+        from pipelines.state import LOCK_WAIT_SECONDS
+        from warehouse.publish import working_copy
 
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        return Warehouse(self.path)
+        return str(working_copy(self.path, wait=LOCK_WAIT_SECONDS))
 
 
 def _day(name: str, text: str | None) -> date | None:

@@ -20,6 +20,7 @@ from pipelines.resources import DEFAULT_WAREHOUSE_PATH
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
+from warehouse.publish import working_copy, working_path
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +30,14 @@ def mark_failed(
 ) -> bool:
     """Record the failure; False when there is no warehouse yet, it stays locked, or the run
     was for another source (the source guard refused it: its warehouse keeps no trace)."""
-    path = Path(warehouse_path)
-    if not path.exists():
+    if not (Path(warehouse_path).exists() or working_path(warehouse_path).exists()):
         return False  # failed before anything was loaded: no warehouse to tell
     try:
         settings = Settings.from_env(env)
     except ConfigError:
         return False  # the run never reached the service; nothing of it is in the warehouse
-    try:
+    try:  # into the working copy: a failed run publishes nothing
+        path = working_copy(warehouse_path, wait=LOCK_WAIT_SECONDS)
         with Warehouse(path, wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             if wh.source() not in (None, (settings.base_url, settings.customer)):

@@ -19,7 +19,7 @@ from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
 from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, entity
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines.assets import build_assets, build_reference_checks
+from pipelines.assets import build_publish_asset, build_reference_checks, build_sync_assets
 from pipelines.keys import CLINICAL_GROUP, lake_key, table_key
 from pipelines.liveness import release_orphans, run_tags
 from pipelines.resources import (
@@ -191,7 +191,7 @@ def sync(
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
     started = time.monotonic()
     result = _materialize(
-        [*build_assets(), *build_reference_checks()],
+        [*build_sync_assets(), *build_reference_checks()],
         resources,
         log_level=log_level,
         instance=instance,
@@ -240,11 +240,11 @@ def sync_documents(
     instance: DagsterInstance | None = None,
     log_level: str = "INFO",
 ) -> DocumentsRun:
-    """Materialize `patient_documents` once, as the `documents_sync` job does."""
+    """Materialize `patient_documents` once and publish, as the `documents_sync` job does."""
     from pipelines.documents_asset import patient_documents
 
     result = _materialize(
-        [patient_documents],
+        [patient_documents, build_publish_asset([patient_documents])],
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
         instance=instance,

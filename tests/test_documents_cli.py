@@ -14,6 +14,7 @@ from connectors.sandbox.server import SandboxServer
 from pipelines.cli import main
 from pipelines.documents import claim_notes
 from tests.conftest import api_client
+from warehouse.publish import working_path
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +150,7 @@ def test_documents_sync_lists_every_document_into_the_warehouse(
     monkeypatch.setenv("CLINICAL_CLIENT_SECRET", "not-the-secret-5c2d")
     code, _, err = run(capsys, "sync", "--full")
     assert code == 1 and "invalid_client" in err
-    with duckdb.connect(str(warehouse), read_only=True) as con:
+    with duckdb.connect(str(working_path(warehouse)), read_only=True) as con:  # unpublished
         runs = con.execute('SELECT "status", "message" FROM "ops"."sync_runs"').fetchall()
     failed = [message for status, message in runs if status == "failed"]
     assert len(failed) == 1 and "invalid_client" in failed[0]

@@ -17,6 +17,7 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
+from pipelines.assets import build_publish_asset
 from pipelines.documents import note_patient, sync_documents
 from pipelines.documents_asset import patient_documents
 from pipelines.documents_content import MANIFEST_TABLE, content_store
@@ -74,8 +75,8 @@ def test_table_follows_uploads_and_deletes(tmp_path, caplog, capsys):
             )
             assert patients.success
             # 1. the asset: a first, full listing, with content
-            done = materialize(
-                [patient_documents],
+            done = materialize(  # as the documents_sync job: the asset, then the publication
+                [patient_documents, build_publish_asset([patient_documents])],
                 resources=resources_from_env(env, str(lake), str(warehouse)),
                 instance=instance,
                 run_config={

@@ -13,6 +13,7 @@ import pytest
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.sandbox.server import SandboxServer
 from tests.warehouse_records import contents
+from warehouse.publish import working_path
 
 CLI = str(Path(sys.executable).with_name("clinical-sync"))
 
@@ -69,7 +70,9 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
     wrong = {**operator_env, "CLINICAL_CLIENT_SECRET": "not-the-secret-7f3a"}
     failed = run(["sync"], wrong, tmp_path)
     assert failed.returncode != 0
-    with duckdb.connect(operator_env["WAREHOUSE_PATH"], read_only=True) as con:
+    # A failed run publishes nothing: its mark waits in the working copy for the next run.
+    working = working_path(operator_env["WAREHOUSE_PATH"])
+    with duckdb.connect(str(working), read_only=True) as con:
         runs = con.execute(
             'SELECT "status", "message" FROM "ops"."sync_runs" ORDER BY "started_at"'
         ).fetchall()

@@ -13,7 +13,7 @@ from dagster import AssetCheckKey, AssetKey, EnvVar
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
 from pipelines.checks import MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
-from pipelines.keys import API_POOL, WAREHOUSE_POOL, lake_key, table_key
+from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
 
 ROOT = Path(__file__).resolve().parents[1]
 defs = definitions.defs
@@ -42,7 +42,9 @@ def test_one_extraction_and_one_table_per_entity_set_and_the_models():
     assert expected <= keys
     models = {k for k in keys if k.path[0] == "analytics"}
     assert AssetKey(["analytics", "prescription_claims"]) in models
-    assert keys == expected | models | {table_key(DOCUMENTS)}
+    assert keys == expected | models | {table_key(DOCUMENTS), PUBLISHED_KEY}
+    # Published once everything that writes the warehouse has committed.
+    assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY}
     node = graph.get(AssetKey(["analytics", "prescription_claims"]))
     assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
         node.parent_keys
@@ -59,6 +61,7 @@ def test_pools_kinds_owners_and_descriptions():
     for entity in ENTITY_SETS:
         assert graph.get(lake_key(entity)).pools == {API_POOL}
         assert graph.get(table_key(entity)).pools == {WAREHOUSE_POOL}
+    assert graph.get(PUBLISHED_KEY).pools == {WAREHOUSE_POOL}
 
 
 def test_jobs_schedule_and_sensor_exist():

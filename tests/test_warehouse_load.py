@@ -281,9 +281,10 @@ def test_a_locked_warehouse_gives_a_clear_error(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(WarehouseLocked, match="locked by another process") as err:
+        with pytest.raises(WarehouseLocked, match=f"held by process {holder.pid} ") as err:
             Warehouse(path).open()
         assert str(path) in str(err.value)
+        assert "WAREHOUSE_PATH read-only" in str(err.value)  # what to do instead
         with pytest.raises(WarehouseLocked):
             status(path)
         with Warehouse(path, wait=30) as wh:  # waits for the holder to finish

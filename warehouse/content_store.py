@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-PRIVATE_FILE = 0o600
-PRIVATE_DIR = 0o700
+from warehouse.private import PRIVATE_DIR, PRIVATE_FILE, private_dir
+
+__all__ = ["PRIVATE_DIR", "PRIVATE_FILE", "ContentMismatch", "ContentStore", "StoredContent"]
 
 
 class ContentMismatch(ValueError):
@@ -46,7 +47,7 @@ class ContentStore:
     def put(self, chunks: Iterable[bytes], *, expected_size: int | None) -> StoredContent:
         """Stream `chunks` in; raise ContentMismatch (and keep nothing) if the size is wrong."""
         tmp_dir = self.root / "_tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        private_dir(tmp_dir)
         tmp = tmp_dir / f"{uuid.uuid4().hex}.part"
         digest = hashlib.sha256()
         size = 0
@@ -65,7 +66,7 @@ class ContentStore:
                 )
             sha256 = digest.hexdigest()
             final = self.path_for(sha256)
-            final.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+            private_dir(final.parent)
             try:
                 os.link(tmp, final)  # atomic, and refuses to replace a file already held
                 written = True
@@ -78,9 +79,7 @@ class ContentStore:
     def scratch(self) -> Path:
         """A fresh name in the store's private `_tmp/` for a download in progress: the
         connector streams there, then `put_file` adopts it (nobody else can read it meanwhile)."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
-        tmp_dir = self.root / "_tmp"
-        tmp_dir.mkdir(exist_ok=True, mode=PRIVATE_DIR)
+        tmp_dir = private_dir(self.root / "_tmp")
         return tmp_dir / f"{uuid.uuid4().hex}.download"
 
     def put_file(self, path: Path, *, expected_size: int | None) -> StoredContent:

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from connectors.clinical_records.catalogue import EntitySet
 from warehouse.errors import SourceMismatch
 from warehouse.normalise import Reject
+from warehouse.private import PRIVATE_FILE, create_private, private_dir, tighten_tree
 from warehouse.schema import arrow_schema, dictionary_columns
 
 META_KEY = b"clinical_sync.batch"
@@ -88,8 +89,19 @@ def _utc(moment: datetime) -> datetime:
 
 
 class Lake:
+    """Every folder and file of the lake is owner-only (0700, 0600), whatever the umask; a lake
+    written before that rule is tightened by its next writer."""
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._private = False
+
+    def _private_dir(self, folder: Path) -> Path:
+        if not self._private:
+            private_dir(self.root)
+            tighten_tree(self.root, f"lake {self.root}")
+            self._private = True
+        return private_dir(folder)
 
     def entity_dir(self, entity: EntitySet) -> Path:
         return self.root / f"entity={entity.table}"
@@ -114,9 +126,8 @@ class Lake:
         table = table.cast(arrow_schema(entity))
         extracted_at = _utc(extracted_at)
         partition = self.entity_dir(entity) / f"extracted_date={extracted_at.date().isoformat()}"
-        partition.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / "_tmp"
-        tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._private_dir(partition)
+        tmp_dir = self._private_dir(self.root / "_tmp")
         batch_id = uuid.uuid4().hex
         if rejects:
             rows = [{**asdict(r), "fields": list(r.fields)} for r in rejects]
@@ -149,6 +160,7 @@ class Lake:
                 compression="zstd",
                 use_dictionary=dictionary_columns(entity),
             )
+            tmp.chmod(PRIVATE_FILE)  # pyarrow creates it with the umask's mode, in private _tmp/
             final = partition / f"{run_id}-{info.seq:06d}.parquet"
             try:
                 os.link(tmp, final)
@@ -162,9 +174,10 @@ class Lake:
     def _write_side(self, kind: str, entity: EntitySet, batch_id: str, table: pa.Table) -> None:
         """A batch's side file (rejects or deletes), in place before the data file is."""
         target = side_path(self.root, kind, entity.table, batch_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dir(target.parent)
         tmp = self.root / "_tmp" / f"{batch_id}.{kind}.parquet"
         pq.write_table(table, tmp, compression="zstd")
+        tmp.chmod(PRIVATE_FILE)
         os.replace(tmp, target)
 
     @staticmethod
@@ -201,6 +214,7 @@ class Lake:
 
     def record_source(self, base_url: str, customer: str, force: bool = False) -> None:
         """Remember the source once; refuse batches from another one unless `force`."""
+        self._private_dir(self.root)  # every extraction passes here: an old lake is tightened
         wanted = {"base_url": base_url, "customer": customer}
         known = self.source()
         if known == wanted:
@@ -211,9 +225,9 @@ class Lake:
                 f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT, "
                 "or sync --force to adopt the new source"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"
-        tmp.write_text(json.dumps(wanted), encoding="utf-8")
+        with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
+            out.write(json.dumps(wanted))
         os.replace(tmp, self.root / SOURCE_FILE)
 
     @staticmethod

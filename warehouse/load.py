@@ -12,6 +12,7 @@ promises one, and keeping it doubled the time of a large insert under the memory
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -35,6 +36,7 @@ from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
 from warehouse.normalise import REJECT
+from warehouse.private import make_private, private_dir
 from warehouse.schema import EXTRAS
 
 __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
@@ -75,7 +77,7 @@ class EntityStatus:
 
 
 # DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
-# data; under this cap it spills to `<warehouse>.tmp` instead and memory stays flat.
+# data; under this cap it spills to `<file>.tmp` (private) instead and memory stays flat.
 MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "128MB"
 _MEMORY_LIMIT_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$", re.IGNORECASE)
@@ -89,12 +91,57 @@ def memory_limit() -> str:
     return value
 
 
+HOLDER_RE = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
+
+def _command(pid: int) -> str | None:
+    """A short name for process `pid` from /proc: the program and the words that say what it
+    runs (`python3.11 -m pipelines.cli sync`), stopping at the first option: options may carry
+    secrets, and `-c` code anything."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    if not args:
+        return None
+    shown = [Path(args[0]).name]
+    for arg in args[1:5]:
+        if arg.startswith("-") and arg != "-m":
+            break
+        shown.append(Path(arg).name if "/" in arg else arg)
+    return " ".join(shown)
+
+
+def lock_holder(message: str) -> str:
+    """Who holds the lock, from DuckDB's error ('... held in <program> (PID n)')."""
+    found = HOLDER_RE.search(message)
+    if found is None:
+        return "another process"
+    pid = int(found["pid"])
+    return f"process {pid} ({_command(pid) or Path(found['program']).name})"
+
+
+def _locked(path: Path, message: str, wait: float) -> WarehouseLocked:
+    waited = f" after waiting {wait:g} s" if wait else ""
+    return WarehouseLocked(
+        f"warehouse {path} is held by {lock_holder(message)}{waited}: DuckDB lets one process "
+        "write a file and nobody open it meanwhile. If that is another sync, let it finish and "
+        "run again; anything else (a notebook, a SQL tool) should open the published "
+        "WAREHOUSE_PATH read-only, never this file: close it there, or stop that process"
+    )
+
+
 def _connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.DuckDBPyConnection:
-    """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s)."""
+    """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s).
+    A writer spills to `<file>.tmp`, a private folder beside the file."""
+    config: dict[str, str] = {}
+    if not read_only:
+        config["temp_directory"] = str(private_dir(path.with_name(path.name + ".tmp")))
     deadline = time.monotonic() + wait
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only)
+            con = duckdb.connect(str(path), read_only=read_only, config=config)
             con.execute("SET TimeZone = 'UTC'")
             con.execute(f"SET memory_limit = '{limit}'")
             con.execute("SET preserve_insertion_order = false")
@@ -103,10 +150,7 @@ def _connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duc
             if not any(word in str(exc).lower() for word in LOCK_WORDS):
                 raise
             if time.monotonic() >= deadline:
-                raise WarehouseLocked(
-                    f"warehouse {path} is locked by another process (one writer at a time); "
-                    "wait for the running sync to finish or set WAREHOUSE_PATH to another file"
-                ) from None
+                raise _locked(path, str(exc), wait) from None
             time.sleep(0.2)
 
 
@@ -143,15 +187,21 @@ class Warehouse:
     def open(self) -> None:
         if self._con is None:
             if not self.read_only:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(self.path.parent)
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
             self._con = _connect(self.path, self.read_only, self.wait, self.memory_limit)
+            if not self.read_only:
+                make_private(self.path)  # DuckDB created it with the umask's mode
 
     def close(self) -> None:
         if self._con is not None:
             self._con.close()
             self._con = None
+            if not self.read_only:
+                make_private(self.path.with_name(self.path.name + ".wal"))
+                with contextlib.suppress(OSError):  # the spill folder, when nothing spilled
+                    self.path.with_name(self.path.name + ".tmp").rmdir()
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:

@@ -21,6 +21,7 @@ configured rate); each later success adds back `RECOVERY` of it.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 import time
@@ -58,6 +59,19 @@ def key_digest(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
+def _private_file(path: Path) -> None:
+    """The bucket file (and a folder made for it) owner-only, whatever the umask: the machine's
+    other accounts have no business with this user's request budget."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class SQLiteStateStore(StateStore):
     """GCRA state for one key in a SQLite file; each check is one `BEGIN IMMEDIATE` transaction."""
 
@@ -65,7 +79,7 @@ class SQLiteStateStore(StateStore):
     default_clock = WallClock()  # shared between processes: a monotonic clock is per boot only
 
     def __init__(self, path: Path, key: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(path)
         self.key = key
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(

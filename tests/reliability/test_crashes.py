@@ -25,6 +25,7 @@ from tests.reliability.conftest import (
     sandbox_config,
     truth,
 )
+from warehouse.publish import working_path
 
 pytestmark = pytest.mark.reliability
 
@@ -43,8 +44,8 @@ def writing_parquet(target: Target) -> bool:
 
 
 def loading(target: Target) -> bool:
-    """DuckDB's write-ahead log exists while a load transaction writes."""
-    return Path(f"{target.warehouse}.wal").exists()
+    """DuckDB's write-ahead log (of the working copy) exists while a load transaction writes."""
+    return Path(f"{working_path(target.warehouse)}.wal").exists()
 
 
 # Phase -> (what shows it has begun, the longest random delay before the kill, in seconds).
