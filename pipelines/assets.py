@@ -157,14 +157,15 @@ def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
         sync_options: SyncOptionsResource,
     ) -> Output[Extraction]:
         settings = clinical_api.settings()
-        state = read_state(warehouse.working(), entity)
+        working = warehouse.working()
+        state = read_state(working, entity)
         todo = plan(entity, state, sync_options.options())
         context.log.info(f"{entity.name}: {todo.mode.value} ({todo.reason})")
         the_lake = lake.lake()
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
-        held = read_held_keys(warehouse.path, entity) if todo.mode is Mode.INCREMENTAL else ()
+        held = read_held_keys(working, entity) if todo.mode is Mode.INCREMENTAL else ()
         with ClinicalClient(settings, logger=context.log) as client:
             result = extract(
                 todo,
