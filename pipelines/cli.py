@@ -152,6 +152,21 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """`--verbose` on every command: the full trace inline instead of only in the log file."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        parser.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="print Dagster's events and full traces here, not only to the log file",
+        )
+    for action in subcommands:
+        for child in dict.fromkeys(action.choices.values()):
+            _add_verbose(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="clinical-sync",
@@ -160,7 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
         add(sub)
+    _add_verbose(parser)
     return parser
+
+
+def _config_lines(error: BaseException) -> list[str]:
+    """A configuration error: one line per problem, then what to do."""
+    problems = str(error).splitlines()
+    if len(problems) == 1:
+        return [f"clinical-sync: {problems[0]}"]
+    return [
+        f"clinical-sync: {len(problems)} settings are missing or wrong:",
+        *(f"  {line}" for line in problems),
+        "  do:   set them in the environment or in .env (README: Configuration), then run again",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,8 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except _operator_errors() as error:
-        print(f"clinical-sync: {error}", file=sys.stderr)
+        print("\n".join(_config_lines(error)), file=sys.stderr)
         return 2
+    except Exception as error:  # anything else: a few lines here, the trace in a log file
+        if getattr(args, "verbose", False):
+            raise
+        from pipelines import cli_log
+
+        log = cli_log.log_file(args.command)
+        cli_log.write_traceback(error, log)
+        what = f"{args.command} failed"
+        lines = cli_log.explain(what, f"{type(error).__name__}: {error}", None, log)
+        print("\n".join(lines), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from connectors.clinical_records.errors import ConfigError
-from pipelines import home
+from pipelines import cli_log, home
 from pipelines.progress import TerminalProgress, install
 
 
@@ -26,8 +26,12 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
+    from connectors.clinical_records.settings import Settings
     from pipelines.runner import sync as run_sync
 
+    Settings.from_env()  # every configuration problem first, before a log file or a run
+    log = cli_log.log_file("sync")
+    cli_log.capture(log, verbose=args.verbose)
     with terminal_progress(), home.instance() as instance:
         report = run_sync(
             os.environ,
@@ -39,15 +43,25 @@ def sync(args: argparse.Namespace) -> int:
             backfill_to=args.backfill_to,
             force_source=args.force,
             instance=instance,
-            log_level="WARNING",
+            # Dagster's own lines (a trace per failed step) go to the log file, not here.
+            log_level="WARNING" if args.verbose else "CRITICAL",
             tags={"clinical-sync/command": "sync"},
         )
+        cli_log.write_run(instance, report.run_id, log)
+    if not report.success:
+        if report.entities:
+            print("loaded before the failure:")
+            print(report.table())
+        steps = report.failed_steps
+        what = f"sync failed (run {report.run_id}; {len(steps)} step(s) failed"
+        what += f": {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''})"
+        why = report.failure_reason or report.failure or "the run failed"
+        lines = cli_log.explain(what, why, report.failure_kind, log)
+        print("\n".join(lines), file=sys.stderr)
+        return 1
     print(report.table())
     print("\n".join(report.check_lines()))
     print(f"run {report.run_id}: {report.requests} requests in {report.seconds:.1f} s")
-    if not report.success:
-        print(f"sync failed: {report.failure}", file=sys.stderr)
-        return 1
     return 0
 
 

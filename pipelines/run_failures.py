@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
@@ -48,14 +49,22 @@ def mark_failed(
     return True
 
 
-def first_failure(events) -> str:
-    """The first step failure's message (the connector's errors carry no PHI)."""
+def root_failures(events) -> list[tuple[str, Any]]:
+    """Each failed step with the error underneath Dagster's wrapper (ours, without PHI)."""
+    found = []
     for event in events:
         if event.is_step_failure and event.step_failure_data.error is not None:
             error = event.step_failure_data.error
             while error.cause is not None:  # Dagster's wrapper first, our error underneath
                 error = error.cause
-            return f"{event.step_key}: {error.message.strip()}"
+            found.append((event.step_key, error))
+    return found
+
+
+def first_failure(events) -> str:
+    """The first step failure's message (the connector's errors carry no PHI)."""
+    for step_key, error in root_failures(events):
+        return f"{step_key}: {error.message.strip()}"
     return "the run failed"
 
 

@@ -28,7 +28,7 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.run_failures import first_failure, mark_failed
+from pipelines.run_failures import first_failure, mark_failed, root_failures
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class SyncReport:
     entities: dict[str, dict[str, object]] = field(default_factory=dict)
     checks: list[CheckOutcome] = field(default_factory=list)
     failure: str | None = None
+    failure_kind: str | None = None  # the error class underneath, e.g. AuthenticationError
+    failure_reason: str | None = None  # its message, for the operator
+    failed_steps: list[str] = field(default_factory=list)
 
     def failed_checks(self) -> list[CheckOutcome]:
         return [c for c in self.checks if not c.passed]
@@ -217,7 +220,19 @@ def sync(
     order = [e.name for e in ENTITY_SETS]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
     report.failure = _failure(result, warehouse_path, env)
+    failures = root_failures(result.all_events)
+    report.failed_steps = [step for step, _ in failures]
+    if failures:
+        report.failure_kind, report.failure_reason = _kind_and_reason(failures[0][1])
     return report
+
+
+def _kind_and_reason(error: Any) -> tuple[str, str]:
+    """`AuthenticationError`, `token request refused ...` from a serialized error."""
+    kind = error.cls_name or "Error"
+    message = error.message.strip()
+    head, _, rest = message.partition(": ")
+    return kind, rest if head.rsplit(".", 1)[-1] == kind and rest else message
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -68,13 +69,71 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
 
     wrong = {**operator_env, "CLINICAL_CLIENT_SECRET": "not-the-secret-7f3a"}
     failed = run(["sync"], wrong, tmp_path)
-    assert failed.returncode != 0
+    assert failed.returncode == 1
+    assert_one_screen(failed, "invalid_client", "CLINICAL_CLIENT_SECRET")
+    assert "not-the-secret-7f3a" not in failed.stdout + failed.stderr
     with duckdb.connect(operator_env["WAREHOUSE_PATH"], read_only=True) as con:
         runs = con.execute(
             'SELECT "status", "message" FROM "ops"."sync_runs" ORDER BY "started_at"'
         ).fetchall()
     assert [status for status, _ in runs] == ["success", "failed"]
     assert "invalid_client" in runs[-1][1] and "not-the-secret-7f3a" not in runs[-1][1]
+
+
+MAX_LINES = 25
+
+
+def assert_one_screen(done: subprocess.CompletedProcess, *words: str) -> Path:
+    """A failure fits a screen, names what it is about, and points at its full trace."""
+    output = done.stdout + done.stderr
+    assert len(output.splitlines()) <= MAX_LINES, output
+    assert "Traceback" not in output and "Stack Trace" not in output, output
+    for word in words:
+        assert word in output, output
+    assert "checks:" not in output  # no summary of checks that never ran
+    log = Path(done.stderr.split("log:")[1].split()[0])
+    assert "Stack Trace" in log.read_text(encoding="utf-8")
+    return log
+
+
+@pytest.mark.integration
+def test_an_unreachable_service_fails_fast_naming_host_and_port(operator_env, tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **operator_env,
+        "CLINICAL_API_BASE_URL": f"http://127.0.0.1:{port}/api",
+        "CLINICAL_AUTH_URL": f"http://127.0.0.1:{port}/auth",
+    }
+    started = time.monotonic()
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == 1
+    assert_one_screen(done, f"127.0.0.1:{port}", "connection refused")
+    assert time.monotonic() - started < 30
+
+    verbose = run(["sync", "--only", "Branches", "--verbose"], env, tmp_path)
+    assert verbose.returncode == 1 and "Stack Trace" in verbose.stderr
+
+
+@pytest.mark.integration
+def test_an_empty_environment_names_every_missing_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == 2
+    output = done.stdout + done.stderr
+    assert len(output.splitlines()) <= MAX_LINES and "Traceback" not in output
+    for name in (
+        "CLINICAL_API_BASE_URL",
+        "CLINICAL_AUTH_URL",
+        "CLINICAL_CLIENT_ID",
+        "CLINICAL_CLIENT_SECRET",
+        "CLINICAL_API_KEY",
+        "CLINICAL_CUSTOMER",
+    ):
+        assert name in done.stderr
 
 
 @pytest.mark.integration

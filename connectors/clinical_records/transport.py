@@ -28,14 +28,16 @@ from urllib.parse import quote
 
 import httpx
 
-from connectors.clinical_records.auth import TokenProvider
+from connectors.clinical_records.auth import CONNECT_ATTEMPTS, TokenProvider, address
 from connectors.clinical_records.decode import decode_json
 from connectors.clinical_records.errors import (
     ApiError,
     MalformedResponse,
     RetryExhausted,
+    ServiceUnreachable,
     UntrustedCertificate,
     api_error,
+    connect_failure,
     is_retriable_status,
     untrusted_certificate,
 )
@@ -278,6 +280,7 @@ class Transport:
         refreshed = False
         reason = ""
         attempt = 0
+        refused = 0  # attempts in a row that found no connection at all
         while attempt < self.settings.max_attempts:
             attempt += 1
             waited = self.limiter.acquire()
@@ -316,10 +319,14 @@ class Transport:
                     response.close()
                     self._log(call, status, started, attempt)
             except _Retry as retry:
-                reason, wait = retry.reason, retry.wait
+                reason, wait, refused = retry.reason, retry.wait, 0
             except RETRIABLE_TRANSPORT as error:
                 if untrusted_certificate(error):
                     raise UntrustedCertificate("API server") from None
+                refused = refused + 1 if isinstance(error, httpx.ConnectError) else 0
+                if refused >= CONNECT_ATTEMPTS:
+                    where = address(self.settings.base_url)
+                    raise ServiceUnreachable("API server", where, connect_failure(error)) from None
                 reason, wait = type(error).__name__, None
                 if status == "-":  # failed before a status line, so not logged yet
                     self._log(call, reason, started, attempt)
