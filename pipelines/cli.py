@@ -48,16 +48,18 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 def _add_sandbox(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sandbox", help="serve the sandbox and print its CLINICAL_* settings")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765)")
+    p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data (default: 7)")
+    p.add_argument("--scale", type=float, default=1.0, help="data size (1: about 18k records)")
     p.add_argument("--rate", type=float, default=None, help="requests/s per API key (default: off)")
-    p.add_argument("--burst", type=int, default=10)
+    p.add_argument("--burst", type=int, default=10, help="requests allowed at once above the rate")
     p.add_argument("--latency", type=float, default=0.0, help="seconds added per request")
-    p.add_argument("--jitter", type=float, default=0.0)
+    p.add_argument("--jitter", type=float, default=0.0, help="random +- seconds on the latency")
     p.add_argument("--error-rate", type=float, default=0.0, help="share of 500/502/503 answers")
     p.add_argument("--drop-rate", type=float, default=0.0, help="share of dropped connections")
-    p.add_argument("--token-lifetime", type=float, default=300.0)
+    p.add_argument(
+        "--token-lifetime", type=float, default=300.0, help="seconds a token lives (default: 300)"
+    )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")
     p.set_defaults(func=_sandbox)
@@ -85,17 +87,42 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--backfill-from",
-        type=date.fromisoformat,
+        type=_day,
         metavar="YYYY-MM-DD",
         help="re-read the cursor sets from this date; the nightly watermark stays",
     )
-    p.add_argument("--backfill-to", type=date.fromisoformat, metavar="YYYY-MM-DD")
+    p.add_argument(
+        "--backfill-to",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="... up to this date, exclusive (default: today); needs --backfill-from",
+    )
     p.add_argument(
         "--force",
         action="store_true",
         help="adopt a new service or customer for this warehouse and lake (never by default)",
     )
-    p.set_defaults(func=_lazy("pipelines.commands", "sync"))
+    p.set_defaults(func=_lazy("pipelines.commands", "sync"), validate=_check_sync)
+
+
+def _day(text: str) -> date:
+    """A YYYY-MM-DD argument; argparse names the flag when this raises."""
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {text!r}") from None
+
+
+def _check_sync(args: argparse.Namespace) -> str | None:
+    """Flag combinations that cannot run: refused before any run starts."""
+    start, end = args.backfill_from, args.backfill_to
+    if end is not None and start is None:
+        return "--backfill-to needs --backfill-from (the range's first day)"
+    if start is not None and end is not None and end <= start:
+        return "--backfill-to must be a later date than --backfill-from"
+    if start is not None and args.full:
+        return "--full and --backfill-from exclude each other (a backfill re-reads a range)"
+    return None
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
@@ -117,10 +144,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _add_dev(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dev", help="the Dagster UI, against a sandbox unless configured")
     p.add_argument("--sandbox", action="store_true", help="a sandbox even if CLINICAL_* is set")
-    p.add_argument("--port", type=int, default=8765, help="sandbox port")
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--rate", type=float, default=5.0)
-    p.add_argument("--ui-port", type=int, default=3000)
+    p.add_argument("--port", type=int, default=8765, help="sandbox port (default: 8765)")
+    p.add_argument("--scale", type=float, default=1.0, help="sandbox data size (1: ~18k records)")
+    p.add_argument("--rate", type=float, default=5.0, help="sandbox requests/s (default: 5)")
+    p.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port (default: 3000)")
     p.set_defaults(func=_lazy("pipelines.commands", "dev"))
 
 
@@ -191,8 +218,20 @@ def _config_lines(error: BaseException) -> list[str]:
     ]
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, then refuse impossible flag combinations as argparse does (usage, exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate = getattr(args, "validate", None)
+    problem = validate(args) if validate else None
+    if problem:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(problem)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return int(args.func(args) or 0)
     except _operator_errors() as error:
