@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The Dagster instance (run history, schedules) lives in data/dagster with ./dagster.yaml.
-demo dev: export DAGSTER_HOME ?= $(CURDIR)/data/dagster
+# Each warehouse has its own Dagster instance (run history, schedules, logs) beside it:
+# data/warehouse.dagster for `make dev`, data/demo/warehouse.dagster for `make demo`,
+# unless DAGSTER_HOME is set (pipelines/home.py).
 
 demo: $(STAMP)
 	$(BIN)/clinical-sync demo

@@ -10,10 +10,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from connectors.clinical_records.errors import ConfigError
 from pipelines import cli_log, home
 from pipelines.progress import TerminalProgress, install
+
+if TYPE_CHECKING:
+    from warehouse.load import EntityStatus
 
 
 @contextmanager
@@ -73,17 +77,27 @@ def status(args: argparse.Namespace) -> int:
     from warehouse.load import status as warehouse_status
 
     path = home.warehouse_path()
+    demo = home.demo_warehouse_path()
+    if not os.environ.get("WAREHOUSE_PATH") and not Path(path).exists() and Path(demo).exists():
+        print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
+        path = demo  # what a user who just ran `make demo` wants to see
     try:
         states = warehouse_status(path)
     except FileNotFoundError:
         print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
         return 1
+    print(status_table(states))
+    return 0
+
+
+def status_table(states: Sequence[EntityStatus]) -> str:
+    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's."""
     rows = [("entity set", "rows", "deleted", "rejects", "watermark", "last run", "loaded at")]
     for s in states:
         rows.append(
             (
                 s.entity,
-                f"{s.rows:,}",
+                f"{s.rows - s.deleted:,}",
                 f"{s.deleted:,}",
                 f"{s.rejects:,}",
                 s.watermark or "-",
@@ -91,8 +105,7 @@ def status(args: argparse.Namespace) -> int:
                 _when(s.last_loaded_at),
             )
         )
-    print(format_table(rows))
-    return 0
+    return format_table(rows)
 
 
 def format_table(rows: Sequence[Sequence[str]]) -> str:

@@ -167,3 +167,49 @@ def test_rebuild_recreates_a_lost_warehouse_from_the_lake_without_the_api(fresh_
     assert contents(warehouse) == original
     for ent in ENTITY_SETS:
         assert ent.name in done.stdout
+
+
+@pytest.mark.integration
+def test_each_warehouse_keeps_its_own_run_history(sandbox, operator_env, tmp_path):
+    from dagster import DagsterInstance
+
+    env = {k: v for k, v in operator_env.items() if k != "DAGSTER_HOME"}
+    run_ids = {}
+    for name in ("first", "second"):
+        warehouse = tmp_path / name / "warehouse.duckdb"
+        one = {**env, "WAREHOUSE_PATH": str(warehouse), "LAKE_ROOT": str(tmp_path / name / "lake")}
+        done = run(["sync", "--only", "Branches"], one, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_ids[name] = done.stdout.split("run ")[-1].split(":")[0]
+
+    for name, run_id in run_ids.items():
+        home = tmp_path / name / "warehouse.dagster"
+        with DagsterInstance.from_config(str(home)) as instance:
+            runs = instance.get_runs()
+            assert [r.run_id for r in runs] == [run_id], name
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.integration
+def test_status_after_the_demo_lists_the_demos_tables(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
+    env.pop("WAREHOUSE_PATH", None)
+    demo = run(["demo", "--scale", "0.05", "--rate", "1000", "--burst", "200"], env, tmp_path)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert "a query to try" in demo.stdout and "analytics." in demo.stdout
+    status = run(["status"], env, tmp_path)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "data/demo/warehouse.duckdb" in status.stdout
+    demo_rows = _rows_by_entity(demo.stdout)
+    assert _rows_by_entity(status.stdout) == demo_rows and len(demo_rows) == len(ENTITY_SETS)
+
+
+def _rows_by_entity(output: str) -> dict[str, tuple[str, str]]:
+    """(rows, deleted) per entity set, from the status table as both commands print it."""
+    names = {e.name for e in ENTITY_SETS}
+    found = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) >= 3 and cells[0] in names and cells[1][0].isdigit():
+            found[cells[0]] = (cells[1], cells[2])
+    return found
