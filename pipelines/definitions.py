@@ -25,7 +25,14 @@ from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_reference_checks
 from pipelines.checks import freshness_checks
 from pipelines.documents_asset import patient_documents
-from pipelines.keys import lake_key, table_key
+from pipelines.keys import (
+    BACKFILL_JOB,
+    DOCUMENTS_JOB,
+    FULL_JOB,
+    NIGHTLY_JOB,
+    lake_key,
+    table_key,
+)
 from pipelines.resources import (
     DEFAULT_LAKE_ROOT,
     DEFAULT_WAREHOUSE_PATH,
@@ -76,23 +83,23 @@ ASSETS = build_assets()
 CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
 
 nightly_sync = define_asset_job(
-    "nightly_sync",
+    NIGHTLY_JOB,
     selection=AssetSelection.all(),
     description="Incremental sync of every entity set, then the analytics models",
 )
 full_resync = define_asset_job(
-    "full_resync",
+    FULL_JOB,
     selection=AssetSelection.all(),
     config=_options(full=True),
     description="Full snapshot of every selected set (select one set's assets to reset it)",
 )
 documents_sync = define_asset_job(
-    "documents_sync",
+    DOCUMENTS_JOB,
     selection=AssetSelection.assets(patient_documents),
     description="Patient documents' metadata (content only when asked in the launchpad)",
 )
 backfill_range = define_asset_job(
-    "backfill_range",
+    BACKFILL_JOB,
     selection=AssetSelection.assets(
         *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS]
     ),

@@ -14,13 +14,21 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, entity
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines.assets import build_assets, build_reference_checks
-from pipelines.keys import CLINICAL_GROUP, lake_key, table_key
+from pipelines.keys import (
+    BACKFILL_JOB,
+    CLINICAL_GROUP,
+    DOCUMENTS_JOB,
+    FULL_JOB,
+    NIGHTLY_JOB,
+    lake_key,
+    table_key,
+)
 from pipelines.liveness import release_orphans, run_tags
 from pipelines.resources import (
     ClinicalApiResource,
@@ -191,7 +199,9 @@ def sync(
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
     started = time.monotonic()
+    job = BACKFILL_JOB if backfill_from is not None else FULL_JOB if full else NIGHTLY_JOB
     result = _materialize(
+        job,
         [*build_assets(), *build_reference_checks()],
         resources,
         log_level=log_level,
@@ -257,6 +267,7 @@ def sync_documents(
     from pipelines.documents_asset import patient_documents
 
     result = _materialize(
+        DOCUMENTS_JOB,
         [patient_documents],
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
@@ -272,6 +283,7 @@ def sync_documents(
 
 
 def _materialize(
+    job: str,
     assets: Sequence[Any],
     resources: Mapping[str, object],
     *,
@@ -281,16 +293,19 @@ def _materialize(
     selection: AssetSelection | None = None,
     ops: Mapping[str, object] | None = None,
 ):
-    """One in-process run, as the CLI makes them: its log level, liveness tags, no raising."""
+    """One in-process run under the name of the job it stands for (so the UI lists it on that
+    job's page), as the CLI makes them: its log level, liveness tags, no raising."""
     run_config: dict[str, object] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if ops:
         run_config["ops"] = dict(ops)
-    return materialize(
-        assets,
+    defs = Definitions(
+        assets=assets,
+        jobs=[define_asset_job(job, selection=selection or AssetSelection.all())],
         resources=resources,
+    )
+    return defs.resolve_job_def(job).execute_in_process(
         run_config=run_config,
         instance=instance,
-        selection=selection,
         tags={**run_tags(), **tags},
         raise_on_error=False,
     )

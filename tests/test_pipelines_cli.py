@@ -187,6 +187,7 @@ def test_each_warehouse_keeps_its_own_run_history(sandbox, operator_env, tmp_pat
         with DagsterInstance.from_config(str(home)) as instance:
             runs = instance.get_runs()
             assert [r.run_id for r in runs] == [run_id], name
+            assert runs[0].job_name == "nightly_sync"  # on the job's page in the UI
     assert not (tmp_path / "data").exists()
 
 
