@@ -38,6 +38,7 @@ from pipelines.keys import (
     model_key,
     table_key,
 )
+from pipelines.liveness import run_started_at
 from pipelines.models import Model, models
 from pipelines.progress import current
 from pipelines.resources import (
@@ -185,6 +186,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 _selected_entities(context),
                 result,
                 full_snapshot=sync_options.full,
+                started_at=run_started_at(context.instance, context.run.run_id),
             )
             results = checks.table_check_results(
                 wh.con,

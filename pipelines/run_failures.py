@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from pipelines.liveness import run_started_at
 from pipelines.resources import DEFAULT_WAREHOUSE_PATH
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
@@ -26,7 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def mark_failed(
-    warehouse_path: str | Path, run_id: str, message: str, env: Mapping[str, str]
+    warehouse_path: str | Path,
+    run_id: str,
+    message: str,
+    env: Mapping[str, str],
+    started_at: datetime | None = None,
 ) -> bool:
     """Record the failure; False when there is no warehouse yet, it stays locked, or the run
     was for another source (the source guard refused it: its warehouse keeps no trace)."""
@@ -42,7 +48,7 @@ def mark_failed(
             wh.ensure_schema()
             if wh.source() not in (None, (settings.base_url, settings.customer)):
                 return False
-            wh.fail_run(run_id, message)
+            wh.fail_run(run_id, message, started_at)
     except WarehouseLocked:
         log.warning("run %s failed; the warehouse stayed locked, so ops.sync_runs says not", run_id)
         return False
@@ -76,4 +82,5 @@ def first_failure(events) -> str:
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
     path = os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
     message = first_failure(context.get_step_failure_events())
-    mark_failed(path, context.dagster_run.run_id, message, os.environ)
+    run_id = context.dagster_run.run_id
+    mark_failed(path, run_id, message, os.environ, run_started_at(context.instance, run_id))

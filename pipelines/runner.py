@@ -29,7 +29,7 @@ from pipelines.keys import (
     lake_key,
     table_key,
 )
-from pipelines.liveness import release_orphans, run_tags
+from pipelines.liveness import release_orphans, run_started_at, run_tags
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
@@ -229,7 +229,7 @@ def sync(
         )
     order = [e.name for e in ENTITY_SETS]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
-    report.failure = _failure(result, warehouse_path, env)
+    report.failure = _failure(result, warehouse_path, env, instance)
     failures = root_failures(result.all_events)
     report.failed_steps = [step for step, _ in failures]
     if failures:
@@ -278,7 +278,7 @@ def sync_documents(
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
         figures.update(_values(event.materialization.metadata))
-    failure = _failure(result, warehouse_path, env)
+    failure = _failure(result, warehouse_path, env, instance)
     return DocumentsRun(result.run_id, result.success, figures, failure)
 
 
@@ -311,12 +311,15 @@ def _materialize(
     )
 
 
-def _failure(result: Any, warehouse_path: str, env: Mapping[str, str]) -> str | None:
+def _failure(
+    result: Any, warehouse_path: str, env: Mapping[str, str], instance: DagsterInstance | None
+) -> str | None:
     """A failed run's first error, marked in ops.sync_runs as the sensor marks UI runs."""
     if result.success:
         return None
     failure = first_failure(result.all_events)
-    mark_failed(warehouse_path, result.run_id, failure, env)
+    started = run_started_at(instance, result.run_id) if instance is not None else None
+    mark_failed(warehouse_path, result.run_id, failure, env, started)
     return failure
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from dagster import DagsterInstance
 
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.sandbox.server import SandboxServer
@@ -60,8 +61,13 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
             (rows,) = con.execute(f'SELECT count(*) FROM "clinical"."{ent.table}"').fetchone()
             assert rows <= counts[ent.name] and rows >= counts[ent.name] * 0.95, ent.name
 
-        (entities,) = con.execute('SELECT "entities" FROM "ops"."sync_runs"').fetchone()
+        run_id, entities, started = con.execute(
+            'SELECT "run_id", "entities", epoch("started_at") FROM "ops"."sync_runs"'
+        ).fetchone()
     assert sorted(entities) == sorted(e.name for e in ENTITY_SETS)  # one row for the run
+    with DagsterInstance.from_config(operator_env["DAGSTER_HOME"]) as instance:
+        record = instance.get_run_record_by_id(run_id)
+    assert abs(started - record.start_time) < 0.01  # the run's start, not its first load's
 
     status = run(["status"], operator_env, tmp_path)
     assert status.returncode == 0, status.stderr
@@ -171,8 +177,6 @@ def test_rebuild_recreates_a_lost_warehouse_from_the_lake_without_the_api(fresh_
 
 @pytest.mark.integration
 def test_each_warehouse_keeps_its_own_run_history(sandbox, operator_env, tmp_path):
-    from dagster import DagsterInstance
-
     env = {k: v for k, v in operator_env.items() if k != "DAGSTER_HOME"}
     run_ids = {}
     for name in ("first", "second"):
