@@ -23,7 +23,7 @@ from dagster import (
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_reference_checks
-from pipelines.checks import freshness_checks
+from pipelines.checks import with_freshness
 from pipelines.documents_asset import patient_documents
 from pipelines.keys import (
     BACKFILL_JOB,
@@ -79,7 +79,7 @@ def _options(**values: object) -> dict[str, object]:
     return {"resources": {"sync_options": {"config": values}}}
 
 
-ASSETS = build_assets()
+ASSETS = with_freshness(build_assets(), [table_key(e) for e in ENTITY_SETS])
 CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
 
 nightly_sync = define_asset_job(
@@ -114,13 +114,12 @@ nightly_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.STOPPED,
     description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
 )
-FRESHNESS, FRESHNESS_SENSOR = freshness_checks([table_key(e) for e in ENTITY_SETS])
 
 defs = Definitions(
     assets=[*ASSETS, patient_documents],
-    asset_checks=[*build_reference_checks(), *FRESHNESS],
+    asset_checks=build_reference_checks(),
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],
-    sensors=[FRESHNESS_SENSOR, mark_failed_runs],
+    sensors=[mark_failed_runs],
     resources=resources(),
 )
