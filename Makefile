@@ -37,9 +37,11 @@ format: $(STAMP)
 sandbox: $(STAMP)
 	$(BIN)/clinical-sync sandbox
 
-# The Dagster UI on http://127.0.0.1:3000, against a sandbox unless CLINICAL_API_BASE_URL is set.
+# The Dagster UI on http://127.0.0.1:$(PORT) (make dev PORT=3001), against a sandbox unless
+# CLINICAL_API_BASE_URL is set; Ctrl-C or SIGTERM stops it with every process it started.
+PORT ?= 3000
 dev: $(STAMP)
-	$(BIN)/clinical-sync dev
+	exec $(BIN)/clinical-sync dev --ui-port $(PORT)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

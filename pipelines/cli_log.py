@@ -34,7 +34,7 @@ ADVICE: dict[str, str] = {
     "WarehouseLocked": "wait for the other sync to finish, then run again",
     "ConfigError": "correct the setting named above, then run again",
 }
-DEFAULT_ADVICE = "read the log below; the next run resumes from the last committed load"
+DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -163,16 +165,88 @@ def sandbox_process(args: argparse.Namespace) -> Iterator[dict[str, str]]:
         proc.wait(timeout=30)
 
 
-def dev(args: argparse.Namespace) -> int:
-    """Open the Dagster UI; against a sandbox unless CLINICAL_API_BASE_URL is set."""
-    home.dagster_home()
-    dagster = str(Path(sys.executable).with_name("dagster"))
-    ui = [dagster, "dev", "-m", "pipelines.definitions", "-p", str(args.ui_port)]
-    if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
-        return subprocess.call(ui)
-    with sandbox_process(args) as env:
-        print(f"sandbox at {env[SANDBOX_VARIABLE]}; Dagster UI on port {args.ui_port}")
+UI_HOST = "127.0.0.1"
+STOP_GRACE_SECONDS = 20.0
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends `dev` the way Ctrl-C does: children first
+
+
+def dev_environment(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of `dagster dev`, which runs in the Dagster home: the project's .env
+    under the environment, and the warehouse and lake as absolute paths."""
+    from connectors.clinical_records.settings import read_dotenv
+
+    env = {**read_dotenv(Path(".env")), **os.environ, **extra}
+    env["WAREHOUSE_PATH"] = str(Path(home.warehouse_path()).resolve())
+    env["LAKE_ROOT"] = str(Path(home.lake_root()).resolve())
+    return env
+
+
+def run_group(cmds: list[list[str]], env: dict[str, str], cwd: Path) -> int:
+    """Run `cmds` side by side in a process group of their own until one ends or this
+    process is asked to stop (Ctrl-C, SIGTERM); then stop the whole group, so no webserver,
+    daemon or code server is left behind."""
+    first = subprocess.Popen(cmds[0], env=env, cwd=cwd, process_group=0)
+    procs = [first]
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for cmd in cmds[1:]:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, process_group=first.pid))
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        return next(p.returncode for p in procs if p.returncode is not None)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(first)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
         try:
-            return subprocess.call(ui, env={**os.environ, **env})
-        except KeyboardInterrupt:
-            return 0
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return  # the group is gone: nothing left to stop
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def dev(args: argparse.Namespace) -> int:
+    """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
+    a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
+    current commands, run from the Dagster home with the project as working directory."""
+    dagster_home = home.dagster_home()
+    target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
+    bin_dir = Path(sys.executable).parent
+    webserver = [
+        str(bin_dir / "dagster-webserver"),
+        *target,
+        "-h",
+        UI_HOST,
+        "-p",
+        str(args.ui_port),
+    ]
+    daemon = [str(bin_dir / "dagster-daemon"), "run", *target]
+    url = f"http://{UI_HOST}:{args.ui_port}"
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+            print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
+            return run_group([webserver, daemon], dev_environment({}), dagster_home)
+        with sandbox_process(args) as env:
+            print(f"sandbox at {env[SANDBOX_VARIABLE]}", flush=True)
+            print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
+            return run_group([webserver, daemon], dev_environment(env), dagster_home)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
