@@ -20,7 +20,7 @@ from dagster import (
     define_asset_job,
 )
 
-from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_reference_checks
 from pipelines.checks import with_freshness
@@ -42,6 +42,7 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import mark_failed_runs
+from pipelines.table_schemas import with_column_schemas
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -79,7 +80,10 @@ def _options(**values: object) -> dict[str, object]:
     return {"resources": {"sync_options": {"config": values}}}
 
 
-ASSETS = with_freshness(build_assets(), [table_key(e) for e in ENTITY_SETS])
+ASSETS = with_freshness(
+    with_column_schemas([*build_assets(), patient_documents], [*ENTITY_SETS, DOCUMENTS]),
+    [table_key(e) for e in ENTITY_SETS],
+)
 CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
 
 nightly_sync = define_asset_job(
@@ -116,7 +120,7 @@ nightly_schedule = ScheduleDefinition(
 )
 
 defs = Definitions(
-    assets=[*ASSETS, patient_documents],
+    assets=ASSETS,
     asset_checks=build_reference_checks(),
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],

@@ -93,6 +93,17 @@ def test_every_table_has_a_freshness_policy():
         assert policy is not None and policy.fail_window.to_timedelta() == FRESH_WITHIN
 
 
+def test_every_table_shows_its_columns_with_the_specs_meanings():
+    specs = {spec.key: spec for spec in defs.resolve_all_asset_specs()}
+    for entity in [*ENTITY_SETS, DOCUMENTS]:
+        schema = specs[table_key(entity)].metadata["dagster/column_schema"]
+        columns = {c.name: c for c in schema.columns}
+        for field in entity.fields:
+            assert columns[field.name].description == field.meaning, (entity.name, field.name)
+            assert columns[field.name].type == field.canonical.value
+        assert "_deleted_at" in columns
+
+
 def test_secrets_are_env_vars_never_values():
     api = definitions.resources()["clinical_api"]
     for name in ("client_secret", "api_key", "client_id", "base_url", "auth_url", "customer"):
