@@ -163,6 +163,8 @@ def sandbox_process(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 UI_HOST = "127.0.0.1"

@@ -56,4 +56,5 @@ def test_sandbox_command_prints_working_env_lines():
         process.terminate()
         process.wait(timeout=10)
     # The secrets go to stdout as env lines only, never to the log stream.
-    assert env["CLINICAL_CLIENT_SECRET"] not in process.stderr.read()
+    with process.stdout, process.stderr:
+        assert env["CLINICAL_CLIENT_SECRET"] not in process.stderr.read()
