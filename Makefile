@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The Dagster instance (run history, schedules) lives in data/dagster with ./dagster.yaml.
-demo dev: export DAGSTER_HOME ?= $(CURDIR)/data/dagster
+# Each warehouse has its own Dagster instance (run history, schedules, logs) beside it:
+# data/warehouse.dagster for `make dev`, data/demo/warehouse.dagster for `make demo`,
+# unless DAGSTER_HOME is set (pipelines/home.py).
 
 demo: $(STAMP)
 	$(BIN)/clinical-sync demo
@@ -36,9 +37,11 @@ format: $(STAMP)
 sandbox: $(STAMP)
 	$(BIN)/clinical-sync sandbox
 
-# The Dagster UI on http://127.0.0.1:3000, against a sandbox unless CLINICAL_API_BASE_URL is set.
+# The Dagster UI on http://127.0.0.1:$(PORT) (make dev PORT=3001), against a sandbox unless
+# CLINICAL_API_BASE_URL is set; Ctrl-C or SIGTERM stops it with every process it started.
+PORT ?= 3000
 dev: $(STAMP)
-	$(BIN)/clinical-sync dev
+	exec $(BIN)/clinical-sync dev --ui-port $(PORT)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -41,6 +41,7 @@ from pipelines.keys import (
     model_key,
     table_key,
 )
+from pipelines.liveness import run_started_at
 from pipelines.models import Model, models
 from pipelines.progress import current
 from pipelines.reconcile import Reconciliation
@@ -220,6 +221,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 result,
                 full_snapshot=sync_options.full,
                 reconciled=run_figures(extraction.reconciliation),
+                started_at=run_started_at(context.instance, context.run.run_id),
             )
             results = checks.table_check_results(
                 wh.con,

@@ -2,11 +2,13 @@
 
 The load asset runs the checks of its own table (unique keys, count against the source,
 rejects); referential integrity runs as separate checks after both tables are loaded, at
-WARN, since the source has dangling references. Freshness uses Dagster's own check.
+WARN, since the source has dangling references. Freshness is Dagster's own policy on each
+table, which the instance's daemon evaluates (no sensor, no check step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,9 +19,10 @@ from dagster import (
     AssetCheckSpec,
     AssetKey,
     AssetsDefinition,
+    AssetSpec,
+    FreshnessPolicy,
     asset_check,
-    build_last_update_freshness_checks,
-    build_sensor_for_freshness_checks,
+    map_asset_specs,
 )
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
@@ -198,7 +201,13 @@ def reference_check(ref: Reference):
     return check
 
 
-def freshness_checks(assets: list[AssetKey | AssetsDefinition]):
-    """Each table loaded successfully within the last 26 hours; and the sensor that runs it."""
-    checks = build_last_update_freshness_checks(assets=assets, lower_bound_delta=FRESH_WITHIN)
-    return checks, build_sensor_for_freshness_checks(freshness_checks=checks)
+def with_freshness(
+    assets: Sequence[AssetsDefinition], keys: Collection[AssetKey]
+) -> list[AssetsDefinition]:
+    """The assets, each of `keys` expected to be loaded within the last 26 hours."""
+    policy = FreshnessPolicy.time_window(fail_window=FRESH_WITHIN)
+
+    def fresh(spec: AssetSpec) -> AssetSpec:
+        return spec.replace_attributes(freshness_policy=policy) if spec.key in keys else spec
+
+    return list(map_asset_specs(fresh, assets))

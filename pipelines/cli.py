@@ -49,21 +49,23 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 def _add_sandbox(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sandbox", help="serve the sandbox and print its CLINICAL_* settings")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765)")
+    p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data (default: 7)")
+    p.add_argument("--scale", type=float, default=1.0, help="data size (1: about 18k records)")
     p.add_argument(
         "--rate",
         type=float,
         default=5.0,
         help="requests/s per API key, as the spec's top plan (default 5; 0 turns it off)",
     )
-    p.add_argument("--burst", type=int, default=10)
+    p.add_argument("--burst", type=int, default=10, help="requests allowed at once above the rate")
     p.add_argument("--latency", type=float, default=0.0, help="seconds added per request")
-    p.add_argument("--jitter", type=float, default=0.0)
+    p.add_argument("--jitter", type=float, default=0.0, help="random +- seconds on the latency")
     p.add_argument("--error-rate", type=float, default=0.0, help="share of 500/502/503 answers")
     p.add_argument("--drop-rate", type=float, default=0.0, help="share of dropped connections")
-    p.add_argument("--token-lifetime", type=float, default=300.0)
+    p.add_argument(
+        "--token-lifetime", type=float, default=300.0, help="seconds a token lives (default: 300)"
+    )
     p.add_argument(
         "--drift-every",
         type=int,
@@ -98,17 +100,42 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--backfill-from",
-        type=date.fromisoformat,
+        type=_day,
         metavar="YYYY-MM-DD",
         help="re-read the cursor sets from this date; the nightly watermark stays",
     )
-    p.add_argument("--backfill-to", type=date.fromisoformat, metavar="YYYY-MM-DD")
+    p.add_argument(
+        "--backfill-to",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="... up to this date, exclusive (default: today); needs --backfill-from",
+    )
     p.add_argument(
         "--force",
         action="store_true",
         help="adopt a new service or customer for this warehouse and lake (never by default)",
     )
-    p.set_defaults(func=_lazy("pipelines.commands", "sync"))
+    p.set_defaults(func=_lazy("pipelines.commands", "sync"), validate=_check_sync)
+
+
+def _day(text: str) -> date:
+    """A YYYY-MM-DD argument; argparse names the flag when this raises."""
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a date YYYY-MM-DD, got {text!r}") from None
+
+
+def _check_sync(args: argparse.Namespace) -> str | None:
+    """Flag combinations that cannot run: refused before any run starts."""
+    start, end = args.backfill_from, args.backfill_to
+    if end is not None and start is None:
+        return "--backfill-to needs --backfill-from (the range's first day)"
+    if start is not None and end is not None and end <= start:
+        return "--backfill-to must be a later date than --backfill-from"
+    if start is not None and args.full:
+        return "--full and --backfill-from exclude each other (a backfill re-reads a range)"
+    return None
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
@@ -141,10 +168,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _add_dev(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dev", help="the Dagster UI, against a sandbox unless configured")
     p.add_argument("--sandbox", action="store_true", help="a sandbox even if CLINICAL_* is set")
-    p.add_argument("--port", type=int, default=8765, help="sandbox port")
-    p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--rate", type=float, default=5.0)
-    p.add_argument("--ui-port", type=int, default=3000)
+    p.add_argument("--port", type=int, default=8765, help="sandbox port (default: 8765)")
+    p.add_argument("--scale", type=float, default=1.0, help="sandbox data size (1: ~18k records)")
+    p.add_argument("--rate", type=float, default=5.0, help="sandbox requests/s (default: 5)")
+    p.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port (default: 3000)")
     p.set_defaults(func=_lazy("pipelines.commands", "dev"))
 
 
@@ -177,6 +204,21 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """`--verbose` on every command: the full trace inline instead of only in the log file."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        parser.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            help="print Dagster's events and full traces here, not only to the log file",
+        )
+    for action in subcommands:
+        for child in dict.fromkeys(action.choices.values()):
+            _add_verbose(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="clinical-sync",
@@ -185,19 +227,55 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
         add(sub)
+    _add_verbose(parser)
     return parser
+
+
+def _config_lines(error: BaseException) -> list[str]:
+    """A configuration error: one line per problem, then what to do."""
+    problems = str(error).splitlines()
+    if len(problems) == 1:
+        return [f"clinical-sync: {problems[0]}"]
+    return [
+        f"clinical-sync: {len(problems)} settings are missing or wrong:",
+        *(f"  {line}" for line in problems),
+        "  do:   set them in the environment or in .env (README: Configuration), then run again",
+    ]
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, then refuse impossible flag combinations as argparse does (usage, exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    validate = getattr(args, "validate", None)
+    problem = validate(args) if validate else None
+    if problem:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(problem)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from warehouse.private import private_umask
 
     private_umask()  # the warehouse, lake and Dagster home hold PHI: owner-only files
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return int(args.func(args) or 0)
     except _operator_errors() as error:
-        print(f"clinical-sync: {error}", file=sys.stderr)
+        print("\n".join(_config_lines(error)), file=sys.stderr)
         return 2
+    except Exception as error:  # anything else: a few lines here, the trace in a log file
+        if getattr(args, "verbose", False):
+            raise
+        from pipelines import cli_log
+
+        log = cli_log.log_file(args.command)
+        cli_log.write_traceback(error, log)
+        what = f"{args.command} failed"
+        lines = cli_log.explain(what, f"{type(error).__name__}: {error}", None, log)
+        print("\n".join(lines), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

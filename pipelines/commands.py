@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from connectors.clinical_records.errors import ConfigError
-from pipelines import home
+from pipelines import cli_log, home
 from pipelines.progress import TerminalProgress, install
+
+if TYPE_CHECKING:
+    from warehouse.load import EntityStatus
 
 
 @contextmanager
@@ -26,8 +32,12 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
+    from connectors.clinical_records.settings import Settings
     from pipelines.runner import sync as run_sync
 
+    Settings.from_env()  # every configuration problem first, before a log file or a run
+    log = cli_log.log_file("sync")
+    cli_log.capture(log, verbose=args.verbose)
     with terminal_progress(), home.instance() as instance:
         report = run_sync(
             os.environ,
@@ -39,15 +49,25 @@ def sync(args: argparse.Namespace) -> int:
             backfill_to=args.backfill_to,
             force_source=args.force,
             instance=instance,
-            log_level="WARNING",
+            # Dagster's own lines (a trace per failed step) go to the log file, not here.
+            log_level="WARNING" if args.verbose else "CRITICAL",
             tags={"clinical-sync/command": "sync"},
         )
+        cli_log.write_run(instance, report.run_id, log)
+    if not report.success:
+        if report.entities:
+            print("loaded before the failure:")
+            print(report.table())
+        steps = report.failed_steps
+        what = f"sync failed (run {report.run_id}; {len(steps)} step(s) failed"
+        what += f": {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''})"
+        why = report.failure_reason or report.failure or "the run failed"
+        lines = cli_log.explain(what, why, report.failure_kind, log)
+        print("\n".join(lines), file=sys.stderr)
+        return 1
     print(report.table())
     print("\n".join(report.check_lines()))
     print(f"run {report.run_id}: {report.requests} requests in {report.seconds:.1f} s")
-    if not report.success:
-        print(f"sync failed: {report.failure}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -59,17 +79,27 @@ def status(args: argparse.Namespace) -> int:
     from warehouse.load import status as warehouse_status
 
     path = home.warehouse_path()
+    demo = home.demo_warehouse_path()
+    if not os.environ.get("WAREHOUSE_PATH") and not Path(path).exists() and Path(demo).exists():
+        print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
+        path = demo  # what a user who just ran `make demo` wants to see
     try:
         states = warehouse_status(path)
     except FileNotFoundError:
         print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
         return 1
+    print(status_table(states))
+    return 0
+
+
+def status_table(states: Sequence[EntityStatus]) -> str:
+    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's."""
     rows = [("entity set", "rows", "deleted", "rejects", "watermark", "last run", "loaded at")]
     for s in states:
         rows.append(
             (
                 s.entity,
-                f"{s.rows:,}",
+                f"{s.rows - s.deleted:,}",
                 f"{s.deleted:,}",
                 f"{s.rejects:,}",
                 s.watermark or "-",
@@ -77,8 +107,7 @@ def status(args: argparse.Namespace) -> int:
                 _when(s.last_loaded_at),
             )
         )
-    print(format_table(rows))
-    return 0
+    return format_table(rows)
 
 
 def format_table(rows: Sequence[Sequence[str]]) -> str:
@@ -139,18 +168,92 @@ def sandbox_process(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+UI_HOST = "127.0.0.1"
+STOP_GRACE_SECONDS = 20.0
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends `dev` the way Ctrl-C does: children first
+
+
+def dev_environment(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of `dagster dev`, which runs in the Dagster home: the project's .env
+    under the environment, and the warehouse and lake as absolute paths."""
+    from connectors.clinical_records.settings import read_dotenv
+
+    env = {**read_dotenv(Path(".env")), **os.environ, **extra}
+    env["WAREHOUSE_PATH"] = str(Path(home.warehouse_path()).resolve())
+    env["LAKE_ROOT"] = str(Path(home.lake_root()).resolve())
+    return env
+
+
+def run_group(cmds: list[list[str]], env: dict[str, str], cwd: Path) -> int:
+    """Run `cmds` side by side in a process group of their own until one ends or this
+    process is asked to stop (Ctrl-C, SIGTERM); then stop the whole group, so no webserver,
+    daemon or code server is left behind."""
+    first = subprocess.Popen(cmds[0], env=env, cwd=cwd, process_group=0)
+    procs = [first]
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for cmd in cmds[1:]:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, process_group=first.pid))
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        return next(p.returncode for p in procs if p.returncode is not None)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(first)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return  # the group is gone: nothing left to stop
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def dev(args: argparse.Namespace) -> int:
-    """Open the Dagster UI; against a sandbox unless CLINICAL_API_BASE_URL is set."""
-    home.dagster_home()
-    dagster = str(Path(sys.executable).with_name("dagster"))
-    ui = [dagster, "dev", "-m", "pipelines.definitions", "-p", str(args.ui_port)]
-    if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
-        return subprocess.call(ui)
-    with sandbox_process(args) as env:
-        print(f"sandbox at {env[SANDBOX_VARIABLE]}; Dagster UI on port {args.ui_port}")
-        try:
-            return subprocess.call(ui, env={**os.environ, **env})
-        except KeyboardInterrupt:
-            return 0
+    """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
+    a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
+    current commands, run from the Dagster home with the project as working directory."""
+    dagster_home = home.dagster_home()
+    target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
+    bin_dir = Path(sys.executable).parent
+    webserver = [
+        str(bin_dir / "dagster-webserver"),
+        *target,
+        "-h",
+        UI_HOST,
+        "-p",
+        str(args.ui_port),
+    ]
+    daemon = [str(bin_dir / "dagster-daemon"), "run", *target]
+    url = f"http://{UI_HOST}:{args.ui_port}"
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+            print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
+            return run_group([webserver, daemon], dev_environment({}), dagster_home)
+        with sandbox_process(args) as env:
+            print(f"sandbox at {env[SANDBOX_VARIABLE]}", flush=True)
+            print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
+            return run_group([webserver, daemon], dev_environment(env), dagster_home)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

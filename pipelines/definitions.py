@@ -20,12 +20,20 @@ from dagster import (
     define_asset_job,
 )
 
-from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
-from pipelines.checks import freshness_checks
+from pipelines.checks import with_freshness
 from pipelines.documents_asset import patient_documents
-from pipelines.keys import PUBLISHED_KEY, lake_key, table_key
+from pipelines.keys import (
+    BACKFILL_JOB,
+    DOCUMENTS_JOB,
+    FULL_JOB,
+    NIGHTLY_JOB,
+    PUBLISHED_KEY,
+    lake_key,
+    table_key,
+)
 from pipelines.resources import (
     DEFAULT_LAKE_ROOT,
     DEFAULT_WAREHOUSE_PATH,
@@ -35,6 +43,7 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import mark_failed_runs
+from pipelines.table_schemas import with_column_schemas
 from warehouse.private import private_umask
 
 NIGHTLY_CRON = "0 2 * * *"
@@ -77,28 +86,31 @@ def _options(**values: object) -> dict[str, object]:
     return {"resources": {"sync_options": {"config": values}}}
 
 
-ASSETS = build_assets()
-PUBLISHED = build_publish_asset([*ASSETS, patient_documents])
+ASSETS = with_freshness(
+    with_column_schemas([*build_assets(), patient_documents], [*ENTITY_SETS, DOCUMENTS]),
+    [table_key(e) for e in ENTITY_SETS],
+)
+PUBLISHED = build_publish_asset(ASSETS)
 CURSOR_SETS = [e for e in ENTITY_SETS if e.cursor is not None]
 
 nightly_sync = define_asset_job(
-    "nightly_sync",
+    NIGHTLY_JOB,
     selection=AssetSelection.all(),
     description="Incremental sync of every entity set, then the analytics models",
 )
 full_resync = define_asset_job(
-    "full_resync",
+    FULL_JOB,
     selection=AssetSelection.all(),
     config=_options(full=True),
     description="Full snapshot of every selected set (select one set's assets to reset it)",
 )
 documents_sync = define_asset_job(
-    "documents_sync",
+    DOCUMENTS_JOB,
     selection=AssetSelection.assets(patient_documents, PUBLISHED_KEY),
     description="Patient documents' metadata (content only when asked in the launchpad)",
 )
 backfill_range = define_asset_job(
-    "backfill_range",
+    BACKFILL_JOB,
     selection=AssetSelection.assets(
         *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS], PUBLISHED_KEY
     ),
@@ -113,13 +125,12 @@ nightly_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.STOPPED,
     description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
 )
-FRESHNESS, FRESHNESS_SENSOR = freshness_checks([table_key(e) for e in ENTITY_SETS])
 
 defs = Definitions(
-    assets=[*ASSETS, patient_documents, PUBLISHED],
-    asset_checks=[*build_reference_checks(), *FRESHNESS],
+    assets=[*ASSETS, PUBLISHED],
+    asset_checks=build_reference_checks(),
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],
-    sensors=[FRESHNESS_SENSOR, mark_failed_runs],
+    sensors=[mark_failed_runs],
     resources=resources(),
 )

@@ -10,10 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from connectors.clinical_records.catalogue import ENTITY_SETS
 from pipelines import home
-from pipelines.commands import format_table, terminal_progress
-from warehouse.ident import qualified
+from pipelines.commands import format_table, status_table, terminal_progress
 from warehouse.private import private_dir
 from warehouse.publish import working_path
 
@@ -27,6 +25,14 @@ FROM analytics.prescription_claims
 GROUP BY category
 ORDER BY billed DESC
 """
+
+
+# What the demo's "Next" suggests: a question an analyst asks, on the warehouse just built.
+TRY_QUERY = (
+    ".venv/bin/python -c \"import duckdb; duckdb.connect('{path}', read_only=True).sql("
+    "'SELECT branch_name, sum(total_claim_balance) AS open_balance "
+    "FROM analytics.prescription_summary GROUP BY 1 ORDER BY 2 DESC LIMIT 5').show()\""
+)
 
 
 def _say(text: str = "") -> None:
@@ -50,11 +56,12 @@ def demo(args: argparse.Namespace) -> int:
     from connectors.sandbox.config import SandboxConfig
     from connectors.sandbox.server import SandboxServer
     from pipelines.runner import sync
+    from warehouse.load import status as warehouse_status
 
     lake, warehouse = _fresh(Path(args.dir))
     config = SandboxConfig(seed=args.seed, scale=args.scale, rate=args.rate, burst=args.burst)
     _say(f"1. starting a sandbox (scale {args.scale:g}, {args.rate:g} requests/s) ...")
-    with SandboxServer(config) as server, home.instance() as instance:
+    with SandboxServer(config) as server, home.instance(warehouse) as instance:
         env = {**server.env(), "CLINICAL_LIMITER_PATH": str(Path(args.dir) / "ratelimit.sqlite")}
         counts = server.store.counts()
         _say("   source: " + ", ".join(f"{n} {c:,}" for n, c in counts.items()))
@@ -92,28 +99,25 @@ def demo(args: argparse.Namespace) -> int:
     ratio = nightly.requests / full.requests if full.requests else 0.0
     _say(f"\n5. requests: full sync {full.requests}, nightly sync {nightly.requests} ({ratio:.0%})")
     _say(
-        "   (updates to Patients and Prescriptions, InsuranceVerifications and the hard deletes\n"
-        "   of the cursor sets arrive with the periodic snapshot: `clinical-sync sync --full`)"
+        "   (hard deletes are found every run; updates to Patients and Prescriptions and changes\n"
+        "   to InsuranceVerifications arrive with the periodic snapshot: `sync --full`)"
     )
+    _say(status_table(warehouse_status(warehouse)))
     with duckdb.connect(str(warehouse), read_only=True) as con:
-        rows = [("table", "rows", "soft-deleted")]
-        for ent in ENTITY_SETS:
-            live, gone = con.execute(
-                f'SELECT count(*) FILTER (WHERE "_deleted_at" IS NULL), count("_deleted_at") '
-                f"FROM {qualified('clinical', ent.table)}"
-            ).fetchone()
-            rows.append((f"clinical.{ent.table}", f"{live:,}", f"{gone:,}"))
-        _say(format_table(rows))
         _say("\n6. analytics.prescription_claims by category:")
         result = con.execute(ANALYTICS_QUERY)
         names = [d[0] for d in result.description]
         _say(format_table([names, *[[str(v) for v in r] for r in result.fetchall()]]))
+    query = TRY_QUERY.format(path=warehouse)
     _say(
         "\nNext:\n"
-        "  make dev                 opens the Dagster UI (http://127.0.0.1:3000) against a sandbox;\n"
-        "                           these demo runs are in its run history\n"
-        f"  {warehouse}   the demo's DuckDB file (schemas clinical, analytics, ops),\n"
-        "                           e.g. duckdb.connect(path, read_only=True) or the duckdb CLI"
+        "  clinical-sync status     these tables again (it shows the demo's warehouse until a\n"
+        "                           sync writes data/warehouse.duckdb)\n"
+        f"  a query to try:          {query}\n"
+        "  make dev                 the Dagster UI (http://127.0.0.1:3000) against a sandbox;\n"
+        "                           the demo's runs: WAREHOUSE_PATH="
+        f"{warehouse} make dev\n"
+        f"  {warehouse}   the demo's DuckDB file (schemas clinical, analytics, ops)"
     )
     return 0
 
@@ -122,7 +126,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="sandbox, full sync, changes, nightly sync, summary")
     p.add_argument("--scale", type=float, default=1.0, help="sandbox data scale (1: ~18k rows)")
     p.add_argument("--rate", type=float, default=5.0, help="requests/s (the spec's top plan)")
-    p.add_argument("--burst", type=int, default=10)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--dir", default="data/demo", help="the demo's own lake and warehouse")
+    p.add_argument("--burst", type=int, default=10, help="requests allowed at once above the rate")
+    p.add_argument("--seed", type=int, default=7, help="seed of the sandbox's data (default: 7)")
+    p.add_argument("--dir", default=home.DEMO_DIR, help="the demo's own lake and warehouse")
     p.set_defaults(func=demo)

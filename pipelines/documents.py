@@ -224,6 +224,7 @@ def sync_documents(
     options: DocumentsOptions | None = None,
     logger: logging.Logger | Any | None = None,
     now: datetime | None = None,
+    started_at: datetime | None = None,
 ) -> DocumentsReport:
     """Plan, list, load and optionally fetch content; the warehouse is written only briefly."""
     say = logger or log
@@ -257,7 +258,9 @@ def sync_documents(
             scoped = () if plan.full else plan.whole
             absent = mark_absent(wh.con, scoped, listing.whole_ids, extracted_at)
             listed = loaded + LoadResult(soft_deleted=absent)
-            wh.add_to_run(run_id, [DOCUMENTS.name], listed, full_snapshot=plan.full)
+            wh.add_to_run(
+                run_id, [DOCUMENTS.name], listed, full_snapshot=plan.full, started_at=started_at
+            )
             store = content_store(lake_root)
             todo = content_todo(wh.con, store) if options.download_content else []
         release_notes(notes)

@@ -17,6 +17,7 @@ from connectors.clinical_records.catalogue import DOCUMENTS, PATIENTS
 from pipelines.documents import sync_documents
 from pipelines.documents_plan import DocumentsOptions
 from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
+from pipelines.liveness import run_started_at
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
@@ -74,6 +75,7 @@ def patient_documents(
         run_id=context.run.run_id,
         options=config.options(sync_options.full),
         logger=context.log,
+        started_at=run_started_at(context.instance, context.run.run_id),
     )
     return MaterializeResult(
         metadata={

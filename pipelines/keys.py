@@ -14,6 +14,11 @@ PUBLISHED_GROUP = "published"
 OWNERS = ["team:clinical-data"]
 API_POOL = "clinical_api"
 WAREHOUSE_POOL = "warehouse"
+# Job names: the UI's job pages list a run of `clinical-sync` under the job it stands for.
+NIGHTLY_JOB = "nightly_sync"
+FULL_JOB = "full_resync"
+BACKFILL_JOB = "backfill_range"
+DOCUMENTS_JOB = "documents_sync"
 
 
 def lake_key(entity: EntitySet) -> AssetKey:

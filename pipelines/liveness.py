@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import UTC, datetime
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 PID_TAG = "clinical-sync/pid"
 HOST_TAG = "clinical-sync/host"
+
+
+def run_started_at(instance: DagsterInstance, run_id: str) -> datetime | None:
+    """When Dagster started the run (for ops.sync_runs.started_at); None if unknown."""
+    record = instance.get_run_record_by_id(run_id)
+    start = record.start_time if record is not None else None
+    return datetime.fromtimestamp(start, UTC) if start is not None else None
 
 
 def run_tags() -> dict[str, str]:

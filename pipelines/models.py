@@ -30,8 +30,18 @@ def parse(sql: str) -> Model:
         raise ValueError("an analytics model must CREATE OR REPLACE VIEW analytics.<name>")
     tables = dict.fromkeys(m.group(1) for m in TABLE_RE.finditer(sql))
     comments = [m.group(1) for line in sql.splitlines() if (m := COMMENT_RE.match(line))]
-    description = comments[0] if comments else f"analytics.{view.group(1)}"
+    description = _first_sentence(comments) or f"analytics.{view.group(1)}"
     return Model(view.group(1), description, tuple(BY_TABLE[t] for t in tables if t in BY_TABLE))
+
+
+def _first_sentence(comments: list[str]) -> str:
+    """The comment's first sentence, however many lines it wraps over (the UI shows it)."""
+    taken: list[str] = []
+    for line in comments:
+        taken.append(line.strip())
+        if line.rstrip().endswith("."):
+            break
+    return " ".join(taken)
 
 
 def models() -> list[Model]:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from pipelines.liveness import run_started_at
 from pipelines.resources import DEFAULT_WAREHOUSE_PATH
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
@@ -26,7 +29,11 @@ log = logging.getLogger(__name__)
 
 
 def mark_failed(
-    warehouse_path: str | Path, run_id: str, message: str, env: Mapping[str, str]
+    warehouse_path: str | Path,
+    run_id: str,
+    message: str,
+    env: Mapping[str, str],
+    started_at: datetime | None = None,
 ) -> bool:
     """Record the failure; False when there is no warehouse yet, it stays locked, or the run
     was for another source (the source guard refused it: its warehouse keeps no trace)."""
@@ -42,21 +49,29 @@ def mark_failed(
             wh.ensure_schema()
             if wh.source() not in (None, (settings.base_url, settings.customer)):
                 return False
-            wh.fail_run(run_id, message)
+            wh.fail_run(run_id, message, started_at)
     except WarehouseLocked:
         log.warning("run %s failed; the warehouse stayed locked, so ops.sync_runs says not", run_id)
         return False
     return True
 
 
-def first_failure(events) -> str:
-    """The first step failure's message (the connector's errors carry no PHI)."""
+def root_failures(events) -> list[tuple[str, Any]]:
+    """Each failed step with the error underneath Dagster's wrapper (ours, without PHI)."""
+    found = []
     for event in events:
         if event.is_step_failure and event.step_failure_data.error is not None:
             error = event.step_failure_data.error
             while error.cause is not None:  # Dagster's wrapper first, our error underneath
                 error = error.cause
-            return f"{event.step_key}: {error.message.strip()}"
+            found.append((event.step_key, error))
+    return found
+
+
+def first_failure(events) -> str:
+    """The first step failure's message (the connector's errors carry no PHI)."""
+    for step_key, error in root_failures(events):
+        return f"{step_key}: {error.message.strip()}"
     return "the run failed"
 
 
@@ -68,4 +83,5 @@ def first_failure(events) -> str:
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
     path = os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
     message = first_failure(context.get_step_failure_events())
-    mark_failed(path, context.dagster_run.run_id, message, os.environ)
+    run_id = context.dagster_run.run_id
+    mark_failed(path, run_id, message, os.environ, run_started_at(context.instance, run_id))

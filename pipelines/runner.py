@@ -14,21 +14,29 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from dagster import AssetKey, AssetSelection, DagsterInstance, materialize
+from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, entity
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines.assets import build_publish_asset, build_reference_checks, build_sync_assets
-from pipelines.keys import CLINICAL_GROUP, lake_key, table_key
-from pipelines.liveness import release_orphans, run_tags
+from pipelines.keys import (
+    BACKFILL_JOB,
+    CLINICAL_GROUP,
+    DOCUMENTS_JOB,
+    FULL_JOB,
+    NIGHTLY_JOB,
+    lake_key,
+    table_key,
+)
+from pipelines.liveness import release_orphans, run_started_at, run_tags
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.run_failures import first_failure, mark_failed
+from pipelines.run_failures import first_failure, mark_failed, root_failures
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,9 @@ class SyncReport:
     entities: dict[str, dict[str, object]] = field(default_factory=dict)
     checks: list[CheckOutcome] = field(default_factory=list)
     failure: str | None = None
+    failure_kind: str | None = None  # the error class underneath, e.g. AuthenticationError
+    failure_reason: str | None = None  # its message, for the operator
+    failed_steps: list[str] = field(default_factory=list)
 
     def failed_checks(self) -> list[CheckOutcome]:
         return [c for c in self.checks if not c.passed]
@@ -190,7 +201,9 @@ def sync(
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
     started = time.monotonic()
+    job = BACKFILL_JOB if backfill_from is not None else FULL_JOB if full else NIGHTLY_JOB
     result = _materialize(
+        job,
         [*build_sync_assets(), *build_reference_checks()],
         resources,
         log_level=log_level,
@@ -218,8 +231,20 @@ def sync(
         )
     order = [e.name for e in ENTITY_SETS]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
-    report.failure = _failure(result, warehouse_path, env)
+    report.failure = _failure(result, warehouse_path, env, instance)
+    failures = root_failures(result.all_events)
+    report.failed_steps = [step for step, _ in failures]
+    if failures:
+        report.failure_kind, report.failure_reason = _kind_and_reason(failures[0][1])
     return report
+
+
+def _kind_and_reason(error: Any) -> tuple[str, str]:
+    """`AuthenticationError`, `token request refused ...` from a serialized error."""
+    kind = error.cls_name or "Error"
+    message = error.message.strip()
+    head, _, rest = message.partition(": ")
+    return kind, rest if head.rsplit(".", 1)[-1] == kind and rest else message
 
 
 @dataclass
@@ -244,6 +269,7 @@ def sync_documents(
     from pipelines.documents_asset import patient_documents
 
     result = _materialize(
+        DOCUMENTS_JOB,
         [patient_documents, build_publish_asset([patient_documents])],
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
@@ -254,11 +280,12 @@ def sync_documents(
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
         figures.update(_values(event.materialization.metadata))
-    failure = _failure(result, warehouse_path, env)
+    failure = _failure(result, warehouse_path, env, instance)
     return DocumentsRun(result.run_id, result.success, figures, failure)
 
 
 def _materialize(
+    job: str,
     assets: Sequence[Any],
     resources: Mapping[str, object],
     *,
@@ -268,27 +295,33 @@ def _materialize(
     selection: AssetSelection | None = None,
     ops: Mapping[str, object] | None = None,
 ):
-    """One in-process run, as the CLI makes them: its log level, liveness tags, no raising."""
+    """One in-process run under the name of the job it stands for (so the UI lists it on that
+    job's page), as the CLI makes them: its log level, liveness tags, no raising."""
     run_config: dict[str, object] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if ops:
         run_config["ops"] = dict(ops)
-    return materialize(
-        assets,
+    defs = Definitions(
+        assets=assets,
+        jobs=[define_asset_job(job, selection=selection or AssetSelection.all())],
         resources=resources,
+    )
+    return defs.resolve_job_def(job).execute_in_process(
         run_config=run_config,
         instance=instance,
-        selection=selection,
         tags={**run_tags(), **tags},
         raise_on_error=False,
     )
 
 
-def _failure(result: Any, warehouse_path: str, env: Mapping[str, str]) -> str | None:
+def _failure(
+    result: Any, warehouse_path: str, env: Mapping[str, str], instance: DagsterInstance | None
+) -> str | None:
     """A failed run's first error, marked in ops.sync_runs as the sensor marks UI runs."""
     if result.success:
         return None
     failure = first_failure(result.all_events)
-    mark_failed(warehouse_path, result.run_id, failure, env)
+    started = run_started_at(instance, result.run_id) if instance is not None else None
+    mark_failed(warehouse_path, result.run_id, failure, env, started)
     return failure
 
 

@@ -143,3 +143,18 @@ def test_backoff_grows_with_jitter_and_is_capped() -> None:
 
 def test_query_string_encodes_spaces_and_quotes() -> None:
     assert query_string({"$filter": "a eq 'x y+z&'"}) == "$filter=a%20eq%20%27x%20y%2Bz%26%27"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    env = valid_env(CLINICAL_BURST="many")
+    for name in ("CLINICAL_API_BASE_URL", "CLINICAL_CLIENT_SECRET"):
+        env.pop(name)
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env, dotenv_path=None)
+    lines = str(caught.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "CLINICAL_API_BASE_URL",
+        "CLINICAL_CLIENT_SECRET",
+        "CLINICAL_BURST",
+    ]
+    assert "CLINICAL_BURST" in caught.value.variable

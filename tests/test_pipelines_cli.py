@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
 import pytest
+from dagster import DagsterInstance
 
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.sandbox.server import SandboxServer
@@ -60,8 +62,13 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
             (rows,) = con.execute(f'SELECT count(*) FROM "clinical"."{ent.table}"').fetchone()
             assert rows <= counts[ent.name] and rows >= counts[ent.name] * 0.95, ent.name
 
-        (entities,) = con.execute('SELECT "entities" FROM "ops"."sync_runs"').fetchone()
+        run_id, entities, started = con.execute(
+            'SELECT "run_id", "entities", epoch("started_at") FROM "ops"."sync_runs"'
+        ).fetchone()
     assert sorted(entities) == sorted(e.name for e in ENTITY_SETS)  # one row for the run
+    with DagsterInstance.from_config(operator_env["DAGSTER_HOME"]) as instance:
+        record = instance.get_run_record_by_id(run_id)
+    assert abs(started - record.start_time) < 0.01  # the run's start, not its first load's
 
     status = run(["status"], operator_env, tmp_path)
     assert status.returncode == 0, status.stderr
@@ -69,7 +76,9 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
 
     wrong = {**operator_env, "CLINICAL_CLIENT_SECRET": "not-the-secret-7f3a"}
     failed = run(["sync"], wrong, tmp_path)
-    assert failed.returncode != 0
+    assert failed.returncode == 1
+    assert_one_screen(failed, "invalid_client", "CLINICAL_CLIENT_SECRET")
+    assert "not-the-secret-7f3a" not in failed.stdout + failed.stderr
     # A failed run publishes nothing: its mark waits in the working copy for the next run.
     working = working_path(operator_env["WAREHOUSE_PATH"])
     with duckdb.connect(str(working), read_only=True) as con:
@@ -78,6 +87,62 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
         ).fetchall()
     assert [status for status, _ in runs] == ["success", "failed"]
     assert "invalid_client" in runs[-1][1] and "not-the-secret-7f3a" not in runs[-1][1]
+
+
+MAX_LINES = 25
+
+
+def assert_one_screen(done: subprocess.CompletedProcess, *words: str) -> Path:
+    """A failure fits a screen, names what it is about, and points at its full trace."""
+    output = done.stdout + done.stderr
+    assert len(output.splitlines()) <= MAX_LINES, output
+    assert "Traceback" not in output and "Stack Trace" not in output, output
+    for word in words:
+        assert word in output, output
+    assert "checks:" not in output  # no summary of checks that never ran
+    log = Path(done.stderr.split("log:")[1].split()[0])
+    assert "Stack Trace" in log.read_text(encoding="utf-8")
+    return log
+
+
+@pytest.mark.integration
+def test_an_unreachable_service_fails_fast_naming_host_and_port(operator_env, tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **operator_env,
+        "CLINICAL_API_BASE_URL": f"http://127.0.0.1:{port}/api",
+        "CLINICAL_AUTH_URL": f"http://127.0.0.1:{port}/auth",
+    }
+    started = time.monotonic()
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == 1
+    assert_one_screen(done, f"127.0.0.1:{port}", "connection refused")
+    assert time.monotonic() - started < 30
+
+    verbose = run(["sync", "--only", "Branches", "--verbose"], env, tmp_path)
+    assert verbose.returncode == 1 and "Stack Trace" in verbose.stderr
+
+
+@pytest.mark.integration
+def test_an_empty_environment_names_every_missing_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == 2
+    output = done.stdout + done.stderr
+    assert len(output.splitlines()) <= MAX_LINES and "Traceback" not in output
+    for name in (
+        "CLINICAL_API_BASE_URL",
+        "CLINICAL_AUTH_URL",
+        "CLINICAL_CLIENT_ID",
+        "CLINICAL_CLIENT_SECRET",
+        "CLINICAL_API_KEY",
+        "CLINICAL_CUSTOMER",
+    ):
+        assert name in done.stderr
 
 
 @pytest.mark.integration
@@ -111,3 +176,48 @@ def test_rebuild_recreates_a_lost_warehouse_from_the_lake_without_the_api(fresh_
     assert contents(warehouse) == original
     for ent in ENTITY_SETS:
         assert ent.name in done.stdout
+
+
+@pytest.mark.integration
+def test_each_warehouse_keeps_its_own_run_history(sandbox, operator_env, tmp_path):
+    env = {k: v for k, v in operator_env.items() if k != "DAGSTER_HOME"}
+    run_ids = {}
+    for name in ("first", "second"):
+        warehouse = tmp_path / name / "warehouse.duckdb"
+        one = {**env, "WAREHOUSE_PATH": str(warehouse), "LAKE_ROOT": str(tmp_path / name / "lake")}
+        done = run(["sync", "--only", "Branches"], one, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_ids[name] = done.stdout.split("run ")[-1].split(":")[0]
+
+    for name, run_id in run_ids.items():
+        home = tmp_path / name / "warehouse.dagster"
+        with DagsterInstance.from_config(str(home)) as instance:
+            runs = instance.get_runs()
+            assert [r.run_id for r in runs] == [run_id], name
+            assert runs[0].job_name == "nightly_sync"  # on the job's page in the UI
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.integration
+def test_status_after_the_demo_lists_the_demos_tables(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
+    env.pop("WAREHOUSE_PATH", None)
+    demo = run(["demo", "--scale", "0.05", "--rate", "1000", "--burst", "200"], env, tmp_path)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert "a query to try" in demo.stdout and "analytics." in demo.stdout
+    status = run(["status"], env, tmp_path)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "data/demo/warehouse.duckdb" in status.stdout
+    demo_rows = _rows_by_entity(demo.stdout)
+    assert _rows_by_entity(status.stdout) == demo_rows and len(demo_rows) == len(ENTITY_SETS)
+
+
+def _rows_by_entity(output: str) -> dict[str, tuple[str, str]]:
+    """(rows, deleted) per entity set, from the status table as both commands print it."""
+    names = {e.name for e in ENTITY_SETS}
+    found = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) >= 3 and cells[0] in names and cells[1][0].isdigit():
+            found[cells[0]] = (cells[1], cells[2])
+    return found

@@ -12,7 +12,7 @@ from dagster import AssetCheckKey, AssetKey, EnvVar
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
-from pipelines.checks import MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
+from pipelines.checks import FRESH_WITHIN, MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
 from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,6 @@ def test_jobs_schedule_and_sensor_exist():
     assert schedule.cron_schedule == "0 2 * * *"
     assert schedule.job_name == "nightly_sync"
     assert schedule.execution_timezone == "UTC"
-    assert defs.resolve_sensor_def("freshness_checks_sensor") is not None
     assert defs.resolve_sensor_def("mark_failed_runs").default_status.value == "RUNNING"
 
 
@@ -80,8 +79,6 @@ def test_checks_exist_for_every_table():
     for entity in ENTITY_SETS:
         for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS):
             assert AssetCheckKey(table_key(entity), name) in checks
-    names = {c.name for c in checks}
-    assert any("freshness" in n for n in names)
     refs = {(r.source.name, r.target.name) for r in references()}
     assert {
         ("Claims", "Prescriptions"),
@@ -90,6 +87,24 @@ def test_checks_exist_for_every_table():
     } <= refs
     for ref in references():
         assert AssetCheckKey(table_key(ref.source), ref.name) in checks
+
+
+def test_every_table_has_a_freshness_policy():
+    specs = {spec.key: spec for spec in defs.resolve_all_asset_specs()}
+    for entity in ENTITY_SETS:
+        policy = specs[table_key(entity)].freshness_policy
+        assert policy is not None and policy.fail_window.to_timedelta() == FRESH_WITHIN
+
+
+def test_every_table_shows_its_columns_with_the_specs_meanings():
+    specs = {spec.key: spec for spec in defs.resolve_all_asset_specs()}
+    for entity in [*ENTITY_SETS, DOCUMENTS]:
+        schema = specs[table_key(entity)].metadata["dagster/column_schema"]
+        columns = {c.name: c for c in schema.columns}
+        for field in entity.fields:
+            assert columns[field.name].description == field.meaning, (entity.name, field.name)
+            assert columns[field.name].type == field.canonical.value
+        assert "_deleted_at" in columns
 
 
 def test_secrets_are_env_vars_never_values():

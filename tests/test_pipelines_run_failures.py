@@ -21,7 +21,11 @@ def test_the_sensor_marks_a_failed_run(sandbox, tmp_path, monkeypatch):
         "CLINICAL_CLIENT_SECRET": "wrong-secret-4b1e",
         "CLINICAL_LIMITER_PATH": str(tmp_path / "limiter.sqlite"),
     }
-    instance = DagsterInstance.ephemeral()
+    with DagsterInstance.ephemeral() as instance:
+        _check_the_sensor(instance, env, warehouse, tmp_path, monkeypatch)
+
+
+def _check_the_sensor(instance, env, warehouse, tmp_path, monkeypatch):
     report = sync(
         env,
         lake_root=str(tmp_path / "lake"),

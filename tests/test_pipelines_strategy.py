@@ -163,3 +163,15 @@ def test_run_options_are_validated_with_the_setting_named():
         SyncOptionsResource(backfill_to="2026-10-01").options()
     with pytest.raises(ConfigError, match="backfill_to"):
         SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()
+
+
+def test_a_models_description_is_its_whole_first_sentence():
+    model = parse(
+        "-- One row per thing: its parts, and the days from\n-- one step to the next.\n"
+        "-- More detail.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims"
+    )
+    assert (
+        model.description == "One row per thing: its parts, and the days from one step to the next."
+    )
+    summary = next(m for m in models() if m.name == "prescription_summary")
+    assert summary.description.endswith("to first claim.")

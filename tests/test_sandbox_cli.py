@@ -56,7 +56,8 @@ def test_sandbox_command_prints_working_env_lines():
         process.terminate()
         process.wait(timeout=10)
     # The secrets go to stdout as env lines only, never to the log stream.
-    assert env["CLINICAL_CLIENT_SECRET"] not in process.stderr.read()
+    with process.stdout, process.stderr:
+        assert env["CLINICAL_CLIENT_SECRET"] not in process.stderr.read()
 
 
 def _settings(*args: str) -> tuple[subprocess.Popen, dict[str, str]]:
@@ -98,6 +99,7 @@ def test_sandbox_command_limits_the_rate_as_the_spec_does_unless_told_not_to():
         finally:
             process.terminate()
             process.wait(timeout=10)
+            process.stdout.close()
         if limited:
             assert env["CLINICAL_RATE_LIMIT"] == "5" and env["CLINICAL_BURST"] == "10"
             assert 429 in statuses

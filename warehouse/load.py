@@ -310,12 +310,18 @@ class Warehouse:
                 )
 
     def record_run(
-        self, run_id: str, entities: Iterable[str], *, full_snapshot: bool = False
+        self,
+        run_id: str,
+        entities: Iterable[str],
+        *,
+        full_snapshot: bool = False,
+        started_at: datetime | None = None,
     ) -> None:
+        """The run's row; `started_at` is when the run began (default: now)."""
         self.con.execute(
             'INSERT INTO "ops"."sync_runs" ("run_id", "started_at", "status", "entities", '
-            '"full_snapshot") VALUES (?, now(), ?, ?, ?)',
-            [run_id, "running", list(entities), full_snapshot],
+            '"full_snapshot") VALUES (?, coalesce(?, now()), ?, ?, ?)',
+            [run_id, started_at, "running", list(entities), full_snapshot],
         )
 
     def finish_run(
@@ -341,11 +347,13 @@ class Warehouse:
         *,
         full_snapshot: bool = False,
         reconciled: Mapping[str, int] | None = None,
+        started_at: datetime | None = None,
     ) -> None:
         """Add a committed load's figures (and its extraction's `reconciled` figures, named
-        as RECONCILE_FIGURES) to its run's row, created by the run's first load; a run of
-        several loads (entity sets, documents) keeps one row that names them all."""
-        self._ensure_run(run_id, list(entities), full_snapshot)
+        as RECONCILE_FIGURES) to its run's row, created by the run's first load
+        (`started_at`: when the run began, not that load); a run of several loads (entity
+        sets, documents) keeps one row that names them all."""
+        self._ensure_run(run_id, list(entities), full_snapshot, started_at)
         names = (*RUN_FIGURES, *RECONCILE_FIGURES)
         figures = ", ".join(f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in names)
         extra = reconciled or {}
@@ -360,25 +368,31 @@ class Warehouse:
             ],
         )
 
-    def fail_run(self, run_id: str, message: str) -> None:
+    def fail_run(self, run_id: str, message: str, started_at: datetime | None = None) -> None:
         """Mark a run failed, keeping what its finished loads recorded; a run that failed
         before its first load gets a row of its own."""
         with self._transaction():
-            self._ensure_run(run_id, [])
+            self._ensure_run(run_id, [], started_at=started_at)
             self.con.execute(
                 'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
                 'WHERE "run_id" = ?',
                 [FAILED, message, run_id],
             )
 
-    def _ensure_run(self, run_id: str, entities: list[str], full_snapshot: bool = False) -> None:
+    def _ensure_run(
+        self,
+        run_id: str,
+        entities: list[str],
+        full_snapshot: bool = False,
+        started_at: datetime | None = None,
+    ) -> None:
         """The run's row, made by the first write of the run; later writes add the sets it
         does not name yet."""
         row = self.con.execute(
             'SELECT "entities" FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
         ).fetchone()
         if row is None:
-            self.record_run(run_id, entities, full_snapshot=full_snapshot)
+            self.record_run(run_id, entities, full_snapshot=full_snapshot, started_at=started_at)
         elif missing := [name for name in entities if name not in row[0]]:
             self.con.execute(
                 'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -19,7 +20,9 @@ from connectors.clinical_records.errors import (
     AuthenticationError,
     MalformedResponse,
     RetryExhausted,
+    ServiceUnreachable,
     UntrustedCertificate,
+    connect_failure,
     untrusted_certificate,
 )
 from connectors.clinical_records.settings import Settings
@@ -28,6 +31,9 @@ log = logging.getLogger("connectors.clinical_records.auth")
 
 REFRESH_AT = 0.8  # renew at 80% of expires_in
 TOKEN_ATTEMPTS = 5
+# A refused connection is retried once (a service restarting), not for a minute: it is
+# nearly always a wrong URL or a service that is down, and the operator should hear at once.
+CONNECT_ATTEMPTS = 2
 RETRIABLE_TOKEN_ERRORS = (httpx.TransportError,)
 
 
@@ -78,6 +84,11 @@ class TokenProvider:
             except RETRIABLE_TOKEN_ERRORS as error:
                 if untrusted_certificate(error):
                     raise UntrustedCertificate("token service") from None
+                if isinstance(error, httpx.ConnectError) and attempt >= CONNECT_ATTEMPTS:
+                    where = address(s.auth_url)
+                    raise ServiceUnreachable(
+                        "token service", where, connect_failure(error)
+                    ) from None
                 log.warning("POST token failed attempt=%d error=%s", attempt, type(error).__name__)
                 time.sleep(min(2.0, 0.2 * 2**attempt))
                 continue
@@ -105,6 +116,13 @@ class TokenProvider:
             self._on_refresh()
             return
         raise RetryExhausted("token service unavailable", TOKEN_ATTEMPTS, "token", None)
+
+
+def address(url: str) -> str:
+    """`host:port` of a URL, the part of it an operator checks when nothing answers."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
 
 
 def _json(response: httpx.Response) -> dict:

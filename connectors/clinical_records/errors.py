@@ -28,6 +28,21 @@ class ConfigError(ClinicalApiError, ValueError):
         self.variable = variable
         self.expected = expected
 
+    @staticmethod
+    def combine(problems: list[ConfigError]) -> ConfigError:
+        """One error for every problem found, so an operator fixes them all in one go."""
+        return problems[0] if len(problems) == 1 else ConfigErrors(problems)
+
+
+class ConfigErrors(ConfigError):
+    """Several variables are missing or malformed: one line each."""
+
+    def __init__(self, problems: list[ConfigError]) -> None:
+        ValueError.__init__(self, "\n".join(str(p) for p in problems))
+        self.problems = problems
+        self.variable = ", ".join(p.variable for p in problems)
+        self.expected = "; ".join(p.expected for p in problems)
+
 
 class QueryError(ClinicalApiError, ValueError):
     """A query names a field, navigation or option the catalogue does not know."""
@@ -92,6 +107,28 @@ class UntrustedCertificate(ClinicalApiError):
             f"the TLS certificate of the {what} is not trusted; if it is signed by a private "
             "CA, set CLINICAL_CA_BUNDLE to that CA's PEM file"
         )
+
+
+class ServiceUnreachable(ClinicalApiError):
+    """No connection could be made (refused, unknown host): waiting longer rarely helps."""
+
+    def __init__(self, what: str, address: str, reason: str) -> None:
+        super().__init__(f"cannot connect to the {what} at {address}: {reason}")
+        self.address = address
+        self.reason = reason
+
+
+def connect_failure(error: BaseException) -> str:
+    """A connection error's cause in words ('connection refused'), never a URL."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror.lower()
+        seen = seen.__cause__ or seen.__context__
+    text = str(error).lower()
+    return "connection refused" if "refused" in text else (text.split("] ")[-1] or "no connection")
 
 
 def untrusted_certificate(error: BaseException) -> bool:

@@ -61,23 +61,35 @@ class Settings:
         """Read and validate the CLINICAL_* variables; a `.env` file fills in, `env` wins."""
         values: dict[str, str] = read_dotenv(Path(dotenv_path)) if dotenv_path else {}
         values.update(os.environ if env is None else env)
-        return cls(
-            base_url=_url(values, "CLINICAL_API_BASE_URL"),
-            auth_url=_url(values, "CLINICAL_AUTH_URL"),
-            client_id=_required(values, "CLINICAL_CLIENT_ID"),
-            client_secret=_required(values, "CLINICAL_CLIENT_SECRET"),
-            api_key=_required(values, "CLINICAL_API_KEY"),
-            customer=_customer(values),
-            rate_limit=_number(values, "CLINICAL_RATE_LIMIT", 2.0, float, minimum=0.01),
-            burst=_number(values, "CLINICAL_BURST", 4, int, minimum=1),
-            ca_bundle=_ca_bundle(values),
-            connect_timeout=_number(values, "CLINICAL_CONNECT_TIMEOUT", 10.0, float, 0.1),
-            read_timeout=_number(values, "CLINICAL_READ_TIMEOUT", 60.0, float, 0.1),
-            limiter_path=_limiter_path(values),
-            max_in_flight=_number(values, "CLINICAL_MAX_IN_FLIGHT", 8, int, minimum=1),
-            max_attempts=_number(values, "CLINICAL_MAX_ATTEMPTS", 8, int, minimum=1),
-            retry_budget_seconds=_number(values, "CLINICAL_RETRY_BUDGET", 300.0, float, 1.0),
-        )
+        problems: list[ConfigError] = []
+
+        def read(parse: Callable[..., object], *args: object) -> object:
+            try:
+                return parse(values, *args)
+            except ConfigError as error:
+                problems.append(error)
+                return None
+
+        fields = {
+            "base_url": read(_url, "CLINICAL_API_BASE_URL"),
+            "auth_url": read(_url, "CLINICAL_AUTH_URL"),
+            "client_id": read(_required, "CLINICAL_CLIENT_ID"),
+            "client_secret": read(_required, "CLINICAL_CLIENT_SECRET"),
+            "api_key": read(_required, "CLINICAL_API_KEY"),
+            "customer": read(_customer),
+            "rate_limit": read(_number, "CLINICAL_RATE_LIMIT", 2.0, float, 0.01),
+            "burst": read(_number, "CLINICAL_BURST", 4, int, 1),
+            "ca_bundle": read(_ca_bundle),
+            "connect_timeout": read(_number, "CLINICAL_CONNECT_TIMEOUT", 10.0, float, 0.1),
+            "read_timeout": read(_number, "CLINICAL_READ_TIMEOUT", 60.0, float, 0.1),
+            "limiter_path": read(_limiter_path),
+            "max_in_flight": read(_number, "CLINICAL_MAX_IN_FLIGHT", 8, int, 1),
+            "max_attempts": read(_number, "CLINICAL_MAX_ATTEMPTS", 8, int, 1),
+            "retry_budget_seconds": read(_number, "CLINICAL_RETRY_BUDGET", 300.0, float, 1.0),
+        }
+        if problems:  # every problem at once: configuring from scratch takes one try
+            raise ConfigError.combine(problems)
+        return cls(**fields)  # type: ignore[arg-type]
 
     @property
     def scope(self) -> str:

@@ -20,7 +20,7 @@ import random
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,16 @@ from urllib.parse import quote
 
 import httpx
 
-from connectors.clinical_records.auth import TokenProvider
+from connectors.clinical_records.auth import CONNECT_ATTEMPTS, TokenProvider, address
 from connectors.clinical_records.decode import decode_json
 from connectors.clinical_records.errors import (
     ApiError,
     MalformedResponse,
     RetryExhausted,
+    ServiceUnreachable,
     UntrustedCertificate,
     api_error,
+    connect_failure,
     is_retriable_status,
     untrusted_certificate,
 )
@@ -65,9 +67,28 @@ class Counters:
     throttled: int = 0
     retries: int = 0
     token_refreshes: int = 0
+    # Wall-clock seconds in which a request waited (for the limiter or a backoff): waits of
+    # parallel requests that overlap count once, so this never exceeds the run's duration.
     wait_seconds: float = 0.0
     gap_repairs: int = 0  # paging windows that did not join up (the source changed)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _waiters: int = field(default=0, repr=False, compare=False)
+    _wait_began: float = field(default=0.0, repr=False, compare=False)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time spent inside, counted once however many requests wait at the same time."""
+        with self._lock:
+            if self._waiters == 0:
+                self._wait_began = time.monotonic()
+            self._waiters += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if self._waiters == 0:
+                    self.wait_seconds += time.monotonic() - self._wait_began
 
     def add(self, **amounts: float) -> None:
         with self._lock:
@@ -76,7 +97,7 @@ class Counters:
 
     def as_dict(self) -> dict[str, float]:
         with self._lock:
-            values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+            values = {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
         values["wait_seconds"] = round(values["wait_seconds"], 3)
         return values
 
@@ -278,10 +299,12 @@ class Transport:
         refreshed = False
         reason = ""
         attempt = 0
+        refused = 0  # attempts in a row that found no connection at all
         while attempt < self.settings.max_attempts:
             attempt += 1
-            waited = self.limiter.acquire()
-            self.counters.add(wait_seconds=waited, requests=1)
+            with self.counters.waiting():
+                self.limiter.acquire()
+            self.counters.add(requests=1)
             token = self.tokens.token()
             started = time.monotonic()
             status: int | str = "-"
@@ -316,10 +339,14 @@ class Transport:
                     response.close()
                     self._log(call, status, started, attempt)
             except _Retry as retry:
-                reason, wait = retry.reason, retry.wait
+                reason, wait, refused = retry.reason, retry.wait, 0
             except RETRIABLE_TRANSPORT as error:
                 if untrusted_certificate(error):
                     raise UntrustedCertificate("API server") from None
+                refused = refused + 1 if isinstance(error, httpx.ConnectError) else 0
+                if refused >= CONNECT_ATTEMPTS:
+                    where = address(self.settings.base_url)
+                    raise ServiceUnreachable("API server", where, connect_failure(error)) from None
                 reason, wait = type(error).__name__, None
                 if status == "-":  # failed before a status line, so not logged yet
                     self._log(call, reason, started, attempt)
@@ -332,8 +359,9 @@ class Transport:
             delay = backoff(attempt) if wait is None else wait
             if attempt >= self.settings.max_attempts or time.monotonic() + delay > deadline:
                 break
-            self.counters.add(retries=1, wait_seconds=delay)
-            time.sleep(delay)
+            self.counters.add(retries=1)
+            with self.counters.waiting():
+                time.sleep(delay)
         raise RetryExhausted(reason, attempt, call.label, call.page)
 
     def _refusal(self, call: Call, response: httpx.Response) -> ApiError:

@@ -156,14 +156,18 @@ class Target:
 
     def start(self, *args: str, log: Path | None = None) -> subprocess.Popen:
         """`clinical-sync <args>` in a child process (stdout and stderr to `log`)."""
-        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 (closed by caller)
-        return subprocess.Popen(
-            self.command(*args),
-            env=self.env(),
-            cwd=self.root,
-            stdout=out,
-            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-        )
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        try:
+            return subprocess.Popen(
+                self.command(*args),
+                env=self.env(),
+                cwd=self.root,
+                stdout=out,
+                stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+            )
+        finally:
+            if log:
+                out.close()  # the child holds its own copy
 
     def run(self, *args: str, timeout: float = SYNC_TIMEOUT) -> subprocess.CompletedProcess:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,93 @@
+"""What a failed command shows: a few lines on the terminal, the whole story in a log file.
+
+An operator reads what failed, why, the one thing to do and where the full trace went; the
+trace itself (Dagster's events, the connector's log lines, a Python traceback) goes to
+`<DAGSTER_HOME>/logs/<command>-<UTC time>.log`, or inline with `--verbose`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
+from pipelines import home
+
+# The error class a run failed with -> the one thing to do. The message says why.
+ADVICE: dict[str, str] = {
+    "AuthenticationError": "correct the credentials in the environment or .env, then run again",
+    "Unauthorized": "check that CLINICAL_API_KEY belongs to CLINICAL_CLIENT_ID, then run again",
+    "ServiceUnreachable": (
+        "check CLINICAL_AUTH_URL and CLINICAL_API_BASE_URL and that the service is up, "
+        "then run again"
+    ),
+    "UntrustedCertificate": "set CLINICAL_CA_BUNDLE to the CA's PEM file, then run again",
+    "RetryExhausted": "run again later: the next run resumes from the last committed load",
+    "SourceMismatch": "use another WAREHOUSE_PATH and LAKE_ROOT, or sync --force",
+    "WarehouseLocked": "wait for the other sync to finish, then run again",
+    "ConfigError": "correct the setting named above, then run again",
+}
+DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_file(command: str) -> Path:
+    """A new log file for this command under the Dagster home, readable by its owner only."""
+    folder = home.dagster_home() / "logs"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = folder / f"{command.replace(' ', '-')}-{stamp}-{os.getpid()}.log"
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+    return path
+
+
+def capture(path: Path, *, verbose: bool) -> None:
+    """Python log records (the connector's request lines, warnings) go to the file; with
+    `verbose` warnings also reach the terminal. Without this, Python prints them to stderr."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    if verbose:
+        shown = logging.StreamHandler(sys.stderr)
+        shown.setLevel(logging.WARNING)
+        root.addHandler(shown)
+    root.setLevel(logging.INFO)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's storage migrations
+    logging.captureWarnings(True)
+
+
+def write_run(instance: DagsterInstance, run_id: str, path: Path) -> None:
+    """Append a run's Dagster events, with every error's full trace, to the log file."""
+    with path.open("a", encoding="utf-8") as out:
+        out.write(f"--- Dagster events of run {run_id}\n")
+        for record in instance.all_logs(run_id):
+            when = datetime.fromtimestamp(record.timestamp, UTC).isoformat(timespec="seconds")
+            level = logging.getLevelName(record.level)
+            out.write(f"{when} {level} {record.step_key or '-'} {record.message}\n")
+            event = record.dagster_event
+            error = getattr(event.event_specific_data, "error", None) if event else None
+            error = error or record.error_info
+            if error is not None and hasattr(error, "to_string"):
+                out.write(error.to_string() + "\n")
+
+
+def write_traceback(error: BaseException, path: Path) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        out.write("".join(traceback.format_exception(error)))
+
+
+def explain(what: str, why: str, kind: str | None, log: Path | None) -> list[str]:
+    """The few lines a failure prints: what failed, why, what to do, where the trace is."""
+    lines = [f"clinical-sync: {what}", f"  why:  {why}"]
+    lines.append(f"  do:   {ADVICE.get(kind or '', DEFAULT_ADVICE)}")
+    if log is not None:
+        lines.append(f"  log:  {log} (the full trace; --verbose prints it here)")
+    return lines
