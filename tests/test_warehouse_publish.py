@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import duckdb
 import pytest
 
 from pipelines.cli import main
+from pipelines.runner import sync
 from warehouse.load import Warehouse, WarehouseLocked
 from warehouse.private import private_dir, tighten_tree
 from warehouse.publish import publish, working_copy, working_path
@@ -105,6 +107,28 @@ def test_an_old_single_file_warehouse_is_adopted_with_its_state(tmp_path):
         assert wh.watermark("Claims") == "2026-11-01"
     write(work, 7)
     assert working_copy(published) == work and count(work) == 7  # adopted once, never again
+
+
+@pytest.mark.integration
+def test_the_first_sync_after_the_upgrade_keeps_state_and_runs(fresh_sandbox, tmp_path):
+    env = {
+        **fresh_sandbox.env(),
+        "CLINICAL_RATE_LIMIT": "1000",
+        "CLINICAL_BURST": "200",
+        "CLINICAL_LIMITER_PATH": str(tmp_path / "limiter.sqlite"),
+    }
+    published = tmp_path / "warehouse.duckdb"
+    paths = {"lake_root": str(tmp_path / "lake"), "warehouse_path": str(published)}
+    assert sync(env, **paths, only=["Claims"], log_level="ERROR").success
+    # A warehouse from before the working copy: one file at WAREHOUSE_PATH, nothing beside it.
+    os.replace(working_path(published), published)
+    shutil.rmtree(working_path(published).parent)
+    fresh_sandbox.control().advance(seconds=86400, insert_fraction=0.05)
+    report = sync(env, **paths, only=["Claims"], log_level="ERROR")
+    assert report.success and report.entities["Claims"]["mode"] == "incremental"
+    with duckdb.connect(str(published), read_only=True) as con:
+        runs = con.execute('SELECT "status" FROM "ops"."sync_runs"').fetchall()
+    assert runs == [("success",), ("success",)]
 
 
 def test_a_held_working_copy_names_its_holder_and_what_to_do(tmp_path):

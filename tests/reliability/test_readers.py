@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from connectors.sandbox.server import SandboxServer
+from pipelines.state import LOCK_WAIT_SECONDS
 from tests.reliability.conftest import SYNC_TIMEOUT, Target, sandbox_config
 
 pytestmark = pytest.mark.reliability
@@ -69,13 +70,15 @@ def test_readers_never_block_a_sync_and_a_held_connection_keeps_its_night(tmp_pa
     with SandboxServer(sandbox_config(seed=67, latency=0.002)) as server:
         target = Target(server, tmp_path / "target")
         target.root.mkdir(parents=True)
-        target.sync("--full")
+        target.sync_in_process(full=True)  # the readers are the other processes here
         seen = [claims(target)]
         readers = [start_reader(target, kind, tmp_path) for kind in ("held", "fresh")]
         try:
-            for args in (["--full"], []):  # a full sync, then a nightly one
+            for full in (True, False):  # a full sync, then a nightly one
                 server.control().advance(seconds=86400, insert_fraction=0.1, delete_fraction=0)
-                target.sync(*args)  # succeeds at once: no reader holds what it writes
+                started = time.monotonic()
+                target.sync_in_process(full=full)  # raises unless it succeeded
+                assert time.monotonic() - started < LOCK_WAIT_SECONDS  # it never waited on a lock
                 seen.append(claims(target))
         finally:
             (tmp_path / "stop").touch()
