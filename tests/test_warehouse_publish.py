@@ -75,6 +75,8 @@ def test_publish_is_atomic_for_readers_and_private(tmp_path):
     finally:
         reader.kill()
         reader.wait()
+        reader.stdin.close()
+        reader.stdout.close()
     with duckdb.connect(str(published), read_only=True) as con:
         (comment,) = con.execute(
             "SELECT comment FROM duckdb_tables() WHERE table_name = 't'"
@@ -150,6 +152,8 @@ def test_a_held_working_copy_names_its_holder_and_what_to_do(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdin.close()
+        holder.stdout.close()
 
 
 def test_open_files_from_before_are_tightened_once_with_a_log_line(tmp_path, caplog):
