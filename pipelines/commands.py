@@ -203,20 +203,24 @@ def run_group(cmds: list[list[str]], env: dict[str, str], cwd: Path) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop_group(first)
+        _stop_group(procs)
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the group of `procs`, SIGKILL what is left after a grace period; our own
+    children are reaped as they end (a zombie would keep the group alive)."""
+    group = procs[0].pid
     for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(group, sig)
         except ProcessLookupError:
             return  # the group is gone: nothing left to stop
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            proc.poll()
+            for proc in procs:
+                proc.poll()
             try:
-                os.killpg(proc.pid, 0)
+                os.killpg(group, 0)
             except ProcessLookupError:
                 return
             time.sleep(0.2)
