@@ -59,8 +59,8 @@ def sync(args: argparse.Namespace) -> int:
             print("loaded before the failure:")
             print(report.table())
         steps = report.failed_steps
-        what = f"sync failed (run {report.run_id}; {len(steps)} step(s) failed"
-        what += f": {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''})"
+        shown = ", ".join(steps[:2]) + (f" and {len(steps) - 2} more" if len(steps) > 2 else "")
+        what = f"sync run {report.run_id[:8]} failed in {shown or 'its setup'}"
         why = report.failure_reason or report.failure or "the run failed"
         lines = cli_log.explain(what, why, report.failure_kind, log)
         print("\n".join(lines), file=sys.stderr)
@@ -176,8 +176,8 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def dev_environment(extra: dict[str, str]) -> dict[str, str]:
-    """The environment of `dagster dev`, which runs in the Dagster home: the project's .env
-    under the environment, and the warehouse and lake as absolute paths."""
+    """The environment of the webserver and daemon, which run in the Dagster home: the
+    project's .env under the environment, and the warehouse and lake as absolute paths."""
     from connectors.clinical_records.settings import read_dotenv
 
     env = {**read_dotenv(Path(".env")), **os.environ, **extra}
