@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format dev sandbox bench soak clean
+.PHONY: install demo test ui-test lint format dev sandbox bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not ui"
+
+# The Dagster UI in a real browser: Debian's chromium driven by playwright (the `ui` extra),
+# both installed here when missing; screenshots in artefacts/ui/.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ui-test: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,ui]'
+	test -x $(CHROMIUM) || $(SUDO) apt-get install -y chromium \
+		|| ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
+	CLINICAL_CHROMIUM=$(CHROMIUM) CLINICAL_UI_REQUIRED=1 $(BIN)/python -m pytest -m ui
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -51,4 +61,4 @@ soak: $(STAMP)
 	CLINICAL_SOAK=1 $(BIN)/python -m pytest -m reliability
 
 clean:
-	rm -rf $(VENV) data *.egg-info
+	rm -rf $(VENV) data artefacts *.egg-info

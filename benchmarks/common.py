@@ -46,6 +46,7 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def add_sandbox_options(

@@ -59,8 +59,8 @@ def sync(args: argparse.Namespace) -> int:
             print("loaded before the failure:")
             print(report.table())
         steps = report.failed_steps
-        what = f"sync failed (run {report.run_id}; {len(steps)} step(s) failed"
-        what += f": {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''})"
+        shown = ", ".join(steps[:2]) + (f" and {len(steps) - 2} more" if len(steps) > 2 else "")
+        what = f"sync run {report.run_id[:8]} failed in {shown or 'its setup'}"
         why = report.failure_reason or report.failure or "the run failed"
         lines = cli_log.explain(what, why, report.failure_kind, log)
         print("\n".join(lines), file=sys.stderr)
@@ -181,8 +181,8 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def dev_environment(extra: dict[str, str]) -> dict[str, str]:
-    """The environment of `dagster dev`, which runs in the Dagster home: the project's .env
-    under the environment, and the warehouse and lake as absolute paths."""
+    """The environment of the webserver and daemon, which run in the Dagster home: the
+    project's .env under the environment, and the warehouse and lake as absolute paths."""
     from connectors.clinical_records.settings import read_dotenv
 
     env = {**read_dotenv(Path(".env")), **os.environ, **extra}
@@ -208,20 +208,24 @@ def run_group(cmds: list[list[str]], env: dict[str, str], cwd: Path) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop_group(first)
+        _stop_group(procs)
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM the group of `procs`, SIGKILL what is left after a grace period; our own
+    children are reaped as they end (a zombie would keep the group alive)."""
+    group = procs[0].pid
     for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(group, sig)
         except ProcessLookupError:
             return  # the group is gone: nothing left to stop
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            proc.poll()
+            for proc in procs:
+                proc.poll()
             try:
-                os.killpg(proc.pid, 0)
+                os.killpg(group, 0)
             except ProcessLookupError:
                 return
             time.sleep(0.2)

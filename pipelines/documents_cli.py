@@ -158,10 +158,12 @@ def delete(args: argparse.Namespace) -> int:
 
 def sync(args: argparse.Namespace) -> int:
     """The `patient_documents` asset through Dagster, as the `documents_sync` job runs it."""
-    from pipelines import home
+    from pipelines import cli_log, home
     from pipelines.commands import format_table
     from pipelines.runner import sync_documents
 
+    log = cli_log.log_file("documents sync")
+    cli_log.capture(log, verbose=args.verbose)
     with home.instance() as instance:
         run = sync_documents(
             os.environ,
@@ -170,10 +172,11 @@ def sync(args: argparse.Namespace) -> int:
             full=args.full,
             content=args.content,
             instance=instance,
-            log_level="WARNING",
+            log_level="WARNING" if args.verbose else "CRITICAL",  # the full story: the log
         )
+        cli_log.write_run(instance, run.run_id, log)
     if not run.success:
-        return _fail(REFUSED, f"documents sync failed: {run.failure}")
+        return _fail(REFUSED, f"documents sync failed: {run.failure}\n  log:  {log}")
     print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))
     print(f"run {run.run_id}")
     if not run.figures.get("patients_listed"):

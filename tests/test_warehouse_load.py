@@ -292,6 +292,7 @@ def test_a_locked_warehouse_gives_a_clear_error(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
 
 
 def test_source_guard_refuses_another_source(harness):
