@@ -55,6 +55,8 @@ class Ledger:
     records_compared: int = 0
     mismatches: int = 0
     secrets_found: int = 0
+    changes_during_runs: int = 0  # what drift changed at the source while runs read it
+    reconciled: int = 0  # records the runs' reconciliation re-read or found deleted
     cases: int = 0
 
     def add_faults(self, stats: Mapping[str, int]) -> None:
@@ -73,6 +75,10 @@ class Ledger:
             ("crashes survived (SIGKILL)", f"{self.crashes_survived}"),
             ("bad rows rejected", f"{self.bad_rows_rejected}"),
             ("records compared", f"{self.records_compared:,}"),
+            (
+                "changed during runs, reconciled",
+                f"{self.changes_during_runs:,}, {self.reconciled:,}",
+            ),
             ("mismatches (must be 0)", f"{self.mismatches}"),
             ("secrets found (must be 0)", f"{self.secrets_found}"),
         ]

@@ -62,7 +62,8 @@ def assert_equal_to_source(
 ) -> None:
     """Live rows equal the source now: no key missing, extra or held twice, no value stale.
     A set the run skipped is not compared; a set read by `created_at` increments is
-    compared by key (an update waits for its snapshot: DESIGN.md, incremental sync)."""
+    compared by key (an update waits for its snapshot: README, "How a sync spends its
+    requests")."""
     source = truth(target.server)
     problems = []
     for entity in ENTITY_SETS:
@@ -97,6 +98,11 @@ def assert_reconciled(target: Target) -> None:
     assert left == 0
 
 
+def record_run(ledger: Ledger, report, changes: int) -> None:
+    ledger.changes_during_runs += changes
+    ledger.reconciled += sum(int(f.get("reconciled", 0)) for f in report.entities.values())
+
+
 def modes_of(report) -> dict[str, str]:
     return {name: str(figures["mode"]) for name, figures in report.entities.items()}
 
@@ -112,6 +118,7 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         report = target.sync_in_process(full=True)
         moved = drifted(server, mark)
         assert sum(map(len, moved.values())) >= 6, "drift must have hit the run"
+        record_run(ledger, report, len(control.changes()) - mark)
         assert_equal_to_source(target, ledger, moved=moved, modes=modes_of(report))
         reconciled = {
             name: figures
@@ -134,6 +141,7 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         )
         mark = len(control.changes())
         report = target.sync_in_process()
+        record_run(ledger, report, len(control.changes()) - mark)
         modes = modes_of(report)
         assert modes["Appointments"] == "incremental" and modes["Patients"] == "incremental"
         assert_reconciled(target)
@@ -161,6 +169,11 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         resumed = {line.split()[0]: line.split()[1] for line in _summary(done.stdout)}
         assert_reconciled(target)
         assert_equal_to_source(target, ledger, moved=drifted(server, mark), modes=resumed)
+        ledger.changes_during_runs += len(control.changes()) - mark
+        ((found,),) = target.query(
+            'SELECT "reconciled" FROM "ops"."sync_runs" ORDER BY "started_at" DESC LIMIT 1'
+        )
+        ledger.reconciled += int(found or 0)
         assert_lake_sound(target)
         ledger.add_faults(control.stats())
 
