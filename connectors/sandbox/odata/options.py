@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from connectors.clinical_records.catalogue import (
-    BY_NAME,
     MAX_EXPAND_DEPTH,
     PAGE_SIZE,
     EntitySet,
@@ -170,7 +169,7 @@ def _expand(text: str, entity: EntitySet, depth: int) -> tuple[Expand, ...]:
         if navigation.name in expands:
             raise invalid_query(f"'{navigation.name}' is expanded more than once.")
         nested = _nested_options(match["options"]) if match["options"] is not None else {}
-        query = _parse(nested, BY_NAME[navigation.target], navigation.many, depth + 1)
+        query = _parse(nested, navigation.target_set, navigation.many, depth + 1)
         expands[navigation.name] = Expand(navigation, query)
     return tuple(expands.values())
 
