@@ -27,6 +27,8 @@ def _sandbox(args: argparse.Namespace) -> int:
         drop_rate=args.drop_rate,
         token_lifetime=args.token_lifetime,
         drift_every=args.drift_every,
+        expand_cap=args.expand_cap,
+        refuse_document_expand=args.refuse_document_expand,
     )
     if args.client_secret:
         config.client_secret = args.client_secret
@@ -72,6 +74,19 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="every N collection requests the set being read changes: a delete, an insert "
         "anywhere in key order, an update (default 0: off)",
+    )
+    p.add_argument(
+        "--expand-cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N items in any expanded collection; its @odata.count stays full "
+        "(default: no cap)",
+    )
+    p.add_argument(
+        "--refuse-document-expand",
+        action="store_true",
+        help="answer any $expand naming Documents with 400 InvalidQueryOption",
     )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")

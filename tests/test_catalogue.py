@@ -44,11 +44,18 @@ def test_logical_key_sent_as_number_anywhere_is_bigint_everywhere():
 def test_navigation_properties_point_at_real_fields():
     for ent in cat.ENTITY_SETS:
         for nav in ent.navigations:
-            target = cat.BY_NAME[nav.target]
+            target = nav.target_set
             assert nav.local in ent.by_name, (ent.name, nav.name)
             assert nav.remote in target.by_name, (ent.name, nav.name)
             local_key = ent.field(nav.local).key
             assert local_key is not None and local_key == target.field(nav.remote).key
+
+
+def test_contained_navigations_are_the_contained_entities():
+    """`Navigation.contained` and `EntitySet.contained_in` say the same thing twice."""
+    declared = {(e.name, n.target) for e in cat.ENTITY_SETS for n in e.navigations if n.contained}
+    assert declared == {(e.contained_in, e.name) for e in cat.ALL_ENTITIES if e.contained_in}
+    assert all(target not in cat.BY_NAME for _, target in declared)
 
 
 def test_cursor_fields_exist_and_strategies_need_them():

@@ -120,6 +120,31 @@ def test_refused_before_any_request(make, message) -> None:
         make()
 
 
+def test_documents_expand_on_patients_is_checked_against_the_document_type() -> None:
+    """The contained navigation renders like any other, validated on Document's fields."""
+    query = Query(
+        cat.PATIENTS,
+        top=100,
+        orderby=["id"],
+        count=True,
+        expand=[
+            Expand("Documents", count=True, select=["id", "uploaded_at"]),
+            Expand("Appointments", count=True, top=5),
+        ],
+    )
+    assert query.params()["$expand"] == (
+        "Documents($select=id,uploaded_at;$count=true),Appointments($top=5;$count=true)"
+    )
+    filtered = Expand("Documents", filter=F("document_type") == "Referral", orderby=["uploaded_at"])
+    assert Query(cat.PATIENTS, expand=[filtered]).params()["$expand"] == (
+        "Documents($filter=document_type eq 'Referral';$orderby=uploaded_at asc)"
+    )
+    with pytest.raises(QueryError, match="Documents has no field 'first_name'"):
+        Query(cat.PATIENTS, expand=[Expand("Documents", select=["first_name"])])
+    with pytest.raises(QueryError, match="no navigation 'Documents'"):
+        Query(cat.APPOINTMENTS, expand=["Documents"])
+
+
 def test_expand_depth_limit_is_three() -> None:
     three = Expand("Branch", expand=[Expand("Children", expand=["Parent"])])
     Query(cat.PRESCRIPTIONS, expand=[three])  # depth 3: allowed

@@ -106,3 +106,31 @@ def test_sandbox_command_limits_the_rate_as_the_spec_does_unless_told_not_to():
         else:
             assert "CLINICAL_RATE_LIMIT" not in env
             assert set(statuses) == {200}
+
+
+def test_sandbox_command_sets_the_expansion_switches():
+    """`--expand-cap` and `--refuse-document-expand` start the sandbox with them on."""
+    process, env = _settings("--rate", "0", "--expand-cap", "1", "--refuse-document-expand")
+    try:
+        token = httpx.post(
+            f"{env['CLINICAL_AUTH_URL']}/oauth2/token",
+            data={
+                "grant_type": "client_credentials",
+                "client_id": env["CLINICAL_CLIENT_ID"],
+                "client_secret": env["CLINICAL_CLIENT_SECRET"],
+                "scope": f"svc-customer-api/{env['CLINICAL_CUSTOMER']}",
+            },
+        ).json()["access_token"]
+        headers = {"Authorization": f"Bearer {token}", "x-api-key": env["CLINICAL_API_KEY"]}
+        with httpx.Client(base_url=env["CLINICAL_API_BASE_URL"] + "/", headers=headers) as client:
+            refused = client.get("Patients", params={"$expand": "Documents"})
+            capped = client.get("Branches", params={"$expand": "Patients($count=true)"})
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "InvalidQueryOption"
+    branches = capped.json()["value"]
+    assert all(len(b["Patients"]) <= 1 for b in branches)
+    assert any(b["Patients@odata.count"] > 1 for b in branches)

@@ -97,13 +97,23 @@ class Field:
 
 @dataclass(frozen=True)
 class Navigation:
-    """A navigation property: `local` on this entity matches `remote` on the target set."""
+    """A navigation property: `local` on this entity matches `remote` on the target set.
+
+    A contained navigation (`ContainsTarget`) reaches entities that have no entity set of
+    their own (Patients -> Documents): no binding, no reference check, no table of its own.
+    """
 
     name: str
     target: str
     many: bool
     local: str
     remote: str
+    contained: bool = False
+
+    @property
+    def target_set(self) -> EntitySet:
+        """The target's catalogue entry; a contained target is not in `BY_NAME`."""
+        return ALL_BY_NAME[self.target]
 
 
 @dataclass(frozen=True)
@@ -180,8 +190,10 @@ def f(
     return Field(name, type_, max_or_meaning, meaning, key, parse_as)
 
 
-def nav(name: str, target: str, local: str, remote: str, many: bool = False) -> Navigation:
-    return Navigation(name, target, many, local, remote)
+def nav(
+    name: str, target: str, local: str, remote: str, many: bool = False, contained: bool = False
+) -> Navigation:
+    return Navigation(name, target, many, local, remote, contained)
 
 
 PATIENTS = EntitySet(
@@ -245,7 +257,10 @@ PATIENTS = EntitySet(
         f("created_at", DATETIME, "Creation timestamp (required)"),
         f("created_by_id", STRING, "Creating user ID", key="user"),
     ),
-    navigations=(nav("Appointments", "Appointments", "id", "patient_id", many=True),),
+    navigations=(
+        nav("Appointments", "Appointments", "id", "patient_id", many=True),
+        nav("Documents", "Documents", "id", "patient_id", many=True, contained=True),
+    ),
 )
 
 APPOINTMENTS = EntitySet(
@@ -574,6 +589,7 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
 )
 
 BY_NAME: dict[str, EntitySet] = {e.name: e for e in ENTITY_SETS}
+ALL_BY_NAME: dict[str, EntitySet] = {e.name: e for e in ALL_ENTITIES}
 BY_TABLE: dict[str, EntitySet] = {e.table: e for e in ALL_ENTITIES}
 
 # Spec 4.3: accepted document types, and the upload size limit of spec 8.

@@ -16,7 +16,6 @@ from decimal import Decimal
 from typing import Any
 
 from connectors.clinical_records.catalogue import (
-    BY_NAME,
     MAX_EXPAND_DEPTH,
     PAGE_SIZE,
     Edm,
@@ -312,7 +311,7 @@ def _expand(entity: EntitySet, item: Expand | str, depth: int) -> str:
         raise QueryError(f"{entity.name} has no navigation {spec.name!r} (known: {known})")
     if not navigation.many and (spec.filter or spec.orderby or spec.top or spec.skip or spec.count):
         raise QueryError(f"{entity.name}.{spec.name} is single-valued: only select and expand")
-    nested = _options(BY_NAME[navigation.target], spec, depth)
+    nested = _options(navigation.target_set, spec, depth)
     if not nested:
         return spec.name
     return f"{spec.name}(" + ";".join(f"{k}={v}" for k, v in nested.items()) + ")"

@@ -31,7 +31,14 @@ from connectors.sandbox.auth import OAuthError, TokenService
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import ERROR_STATUSES, FaultInjector
-from connectors.sandbox.odata import parse_query, run_collection, shape
+from connectors.sandbox.odata import (
+    Query,
+    capped,
+    expands_target,
+    parse_query,
+    run_collection,
+    shape,
+)
 from connectors.sandbox.ratelimit import RateLimiter, retry_after_header
 from connectors.sandbox.store import Store
 
@@ -229,7 +236,7 @@ class Sandbox:
     async def _collection(self, request: Request, resource: Resource) -> Response:
         entity = resource.entity
         assert entity is not None
-        query = parse_query(query_options(request), entity)
+        query = self._query(request, entity)
         if self.faults.should_drift():
             c = self.config
             with self.store.lock:
@@ -247,7 +254,7 @@ class Sandbox:
     async def _entity(self, request: Request, resource: Resource) -> Response:
         entity = resource.entity
         assert entity is not None and resource.key is not None
-        query = parse_query(query_options(request), entity, collection=False)
+        query = self._query(request, entity, collection=False)
         key = parse_key(entity, resource.key)
         with self.store.lock:
             record = self.store.table(entity.name).get(key)
@@ -256,6 +263,18 @@ class Sandbox:
             body = shape(record, query, entity, self.store.related)
         context = f"{self.base_url(request)}/$metadata#{entity.name}/$entity"
         return json_response({"@odata.context": context, **body})
+
+    def _query(self, request: Request, entity: cat.EntitySet, *, collection: bool = True) -> Query:
+        """The request's options, then the runtime expansion switches (SandboxConfig)."""
+        query = parse_query(query_options(request), entity, collection=collection)
+        if self.config.refuse_document_expand and expands_target(query, cat.DOCUMENTS.name):
+            raise invalid_query(
+                f"$expand of {cat.DOCUMENTS.name} is not supported.",
+                f"List them per patient: /{cat.PATIENTS.name}({{id}})/{cat.DOCUMENTS.name}.",
+            )
+        if self.config.expand_cap is not None:
+            query = capped(query, self.config.expand_cap)
+        return query
 
     def _envelope(
         self, request: Request, context: str, records: list[dict], count: int | None

@@ -13,6 +13,10 @@ def _secret(prefix: str) -> str:
     return f"{prefix}-{secrets.token_urlsafe(18)}"
 
 
+def _count_like(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 @dataclass
 class SandboxConfig:
     """Data, credentials and behaviour of one sandbox. Faults are all off by default."""
@@ -45,6 +49,12 @@ class SandboxConfig:
     drift_deletes: int = 1
     drift_seed: int = 5
     fault_seed: int = 1
+    # Expansion (spec 4.2): at most `expand_cap` items in any expanded collection, harsher
+    # than the service but plausible server-driven limiting (its `@odata.count` still tells
+    # the full number); None = no cap. `refuse_document_expand` answers any `$expand` that
+    # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
+    expand_cap: int | None = None
+    refuse_document_expand: bool = False
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
         "token_lifetime",
@@ -61,6 +71,8 @@ class SandboxConfig:
         "drift_inserts",
         "drift_updates",
         "drift_deletes",
+        "expand_cap",
+        "refuse_document_expand",
     )
 
     def update(self, **changes: object) -> None:
@@ -72,6 +84,13 @@ class SandboxConfig:
             )
         kinds = {f.name: f.type for f in fields(self)}
         for name, value in changes.items():
-            if value is not None and not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r} ({kinds[name]})")
+            kind = kinds[name]
+            if kind == "bool":  # a switch: JSON true/false, or 0/1 like the numeric settings
+                if value not in (0, 1) or not isinstance(value, int):
+                    raise ValueError(f"{name} must be true, false, 0 or 1, got {value!r}")
+                value = bool(value)
+            elif value is not None and not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r} ({kind})")
+            elif kind == "int | None" and value is not None and not _count_like(value):
+                raise ValueError(f"{name} must be a whole number >= 0 or null, got {value!r}")
             setattr(self, name, value)

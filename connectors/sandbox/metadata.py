@@ -58,13 +58,8 @@ def description(text: str, depth: int) -> str:
     return element("Annotation", {"Term": "Core.Description", "String": text}, depth=depth)
 
 
-def contained_sets(owner: cat.EntitySet) -> tuple[cat.EntitySet, ...]:
-    """Entity types that live only under `owner` (Patient -> Documents)."""
-    return tuple(e for e in cat.ALL_ENTITIES if e.contained_in == owner.name)
-
-
 def target_type(navigation: cat.Navigation) -> str:
-    qualified = cat.BY_NAME[navigation.target].qualified_type
+    qualified = navigation.target_set.qualified_type
     return f"Collection({qualified})" if navigation.many else qualified
 
 
@@ -76,7 +71,7 @@ def referential_constraint(
     Some navigations join fields of different types (Prescription.patient_id is a number,
     Patient.id a string); EDM forbids a constraint there, so none is written.
     """
-    target = cat.BY_NAME[navigation.target]
+    target = navigation.target_set
     if (
         navigation.many
         or entity.field(navigation.local).type is not target.field(navigation.remote).type
@@ -108,15 +103,10 @@ def entity_type(entity: cat.EntitySet, depth: int) -> str:
         attrs = {"Name": navigation.name, "Type": target_type(navigation)}
         if not navigation.many:
             attrs["Nullable"] = "true"
+        if navigation.contained:
+            attrs["ContainsTarget"] = "true"
         constraint = referential_constraint(entity, navigation, inner + 1)
         children.append(element("NavigationProperty", attrs, constraint, inner))
-    for contained in contained_sets(entity):
-        attrs = {
-            "Name": contained.name,
-            "Type": f"Collection({contained.qualified_type})",
-            "ContainsTarget": "true",
-        }
-        children.append(element("NavigationProperty", attrs, depth=inner))
     return element("EntityType", {"Name": entity.type_name}, children, depth)
 
 
@@ -128,6 +118,7 @@ def entity_container(depth: int) -> str:
                 "NavigationPropertyBinding", {"Path": n.name, "Target": n.target}, [], depth + 2
             )
             for n in entity.navigations
+            if not n.contained  # a contained target has no entity set to bind to
         ]
         attrs = {"Name": entity.name, "EntityType": entity.qualified_type}
         sets.append(element("EntitySet", attrs, bindings, depth + 1))
@@ -238,7 +229,7 @@ def property_schema(field: cat.Field) -> dict[str, Any]:
 def navigation_properties(entity: cat.EntitySet) -> Iterator[tuple[str, dict[str, Any]]]:
     """What `$expand` adds: an object (or null), or an array and, with `$count`, its count."""
     for navigation in entity.navigations:
-        target = schema_ref(cat.BY_NAME[navigation.target].type_name)
+        target = schema_ref(navigation.target_set.type_name)
         if not navigation.many:
             yield navigation.name, {"allOf": [target], "nullable": True}
             continue

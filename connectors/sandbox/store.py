@@ -232,6 +232,8 @@ class Store:
         value = record.get(nav.local)
         if value is None:
             return []
+        if nav.target == cat.DOCUMENTS.name:  # contained: already kept by patient, by id
+            return self.documents.list(str(value))
         return self._index(nav.target, nav.remote).get(str(value), [])
 
     def _index(self, target: str, remote: str) -> dict[str, list[dict]]:

@@ -7,7 +7,7 @@ record. Every refusal is an `ODataError` (400) in the spec's error body.
 
 from connectors.sandbox.odata.execute import Page, Related, TableView, run_collection, shape
 from connectors.sandbox.odata.filter import Expr, parse_filter
-from connectors.sandbox.odata.options import Expand, Query, parse_query
+from connectors.sandbox.odata.options import Expand, Query, capped, expands_target, parse_query
 
 __all__ = [
     "Expand",
@@ -16,6 +16,8 @@ __all__ = [
     "Query",
     "Related",
     "TableView",
+    "capped",
+    "expands_target",
     "parse_filter",
     "parse_query",
     "run_collection",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
-from connectors.clinical_records.catalogue import BY_NAME, PAGE_SIZE, Edm, EntitySet, Navigation
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, Navigation
 from connectors.sandbox.odata.filter import COERCE, INVALID, Compare, Expr
 from connectors.sandbox.odata.options import Expand, Query
 
@@ -63,7 +63,7 @@ def shape(record: dict, query: Query, entity: EntitySet, related: Related) -> di
 def expanded(record: dict, expand: Expand, entity: EntitySet, related: Related) -> dict:
     """`{Nav: object|None}` or `{Nav@odata.count: n, Nav: [...]}` for one navigation."""
     nav, query = expand.navigation, expand.query
-    target = BY_NAME[nav.target]
+    target = nav.target_set
     found = related(entity, nav, record)
     if not nav.many:
         return {nav.name: shape(found[0], query, target, related) if found else None}

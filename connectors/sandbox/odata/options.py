@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from connectors.clinical_records.catalogue import (
-    BY_NAME,
     MAX_EXPAND_DEPTH,
     PAGE_SIZE,
     EntitySet,
@@ -170,9 +169,35 @@ def _expand(text: str, entity: EntitySet, depth: int) -> tuple[Expand, ...]:
         if navigation.name in expands:
             raise invalid_query(f"'{navigation.name}' is expanded more than once.")
         nested = _nested_options(match["options"]) if match["options"] is not None else {}
-        query = _parse(nested, BY_NAME[navigation.target], navigation.many, depth + 1)
+        query = _parse(nested, navigation.target_set, navigation.many, depth + 1)
         expands[navigation.name] = Expand(navigation, query)
     return tuple(expands.values())
+
+
+def capped(query: Query, cap: int) -> Query:
+    """`query` with every expanded collection, at any depth, limited to `cap` items.
+
+    Counting happens before paging, so a nested `$count` still tells the full number and a
+    client can see that the server cut the list short.
+    """
+    if not query.expand:
+        return query
+    expands = []
+    for item in query.expand:
+        nested = capped(item.query, cap)
+        if item.navigation.many:
+            top = cap if nested.top is None else min(nested.top, cap)
+            nested = replace(nested, top=top)
+        expands.append(Expand(item.navigation, nested))
+    return replace(query, expand=tuple(expands))
+
+
+def expands_target(query: Query, target: str) -> bool:
+    """Whether `$expand`, at any depth, reaches entities of `target`."""
+    return any(
+        item.navigation.target == target or expands_target(item.query, target)
+        for item in query.expand
+    )
 
 
 def _nested_options(text: str) -> dict[str, str]:
