@@ -10,6 +10,8 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -52,19 +54,31 @@ def test_working_copy_lives_beside_the_published_file(tmp_path):
     )
 
 
+@contextmanager
+def holding(path: Path) -> Iterator[subprocess.Popen]:
+    """Another process with a connection open on `path` (READER), killed at the end."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(READER), str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+        process.stdin.close()
+        process.stdout.close()
+
+
 def test_publish_is_atomic_for_readers_and_private(tmp_path):
     published = tmp_path / "warehouse.duckdb"
     work = working_copy(published)
     write(work, 3)
     first = publish(work, published)
     assert first.bytes == published.stat().st_size and count(published) == 3
-    reader = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(READER), str(published)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with holding(published) as reader:
         assert reader.stdout.readline().strip() == "3"
         write(work, 5)  # the reader holds the published file: the working copy is free
         publish(work, published)  # and publishing does not wait for the reader either
@@ -72,11 +86,6 @@ def test_publish_is_atomic_for_readers_and_private(tmp_path):
         reader.stdin.write("\n")
         reader.stdin.flush()
         assert reader.stdout.readline().strip() == "3"  # the held one keeps its own
-    finally:
-        reader.kill()
-        reader.wait()
-        reader.stdin.close()
-        reader.stdout.close()
     with duckdb.connect(str(published), read_only=True) as con:
         (comment,) = con.execute(
             "SELECT comment FROM duckdb_tables() WHERE table_name = 't'"
@@ -136,24 +145,13 @@ def test_the_first_sync_after_the_upgrade_keeps_state_and_runs(fresh_sandbox, tm
 def test_a_held_working_copy_names_its_holder_and_what_to_do(tmp_path):
     work = working_copy(tmp_path / "warehouse.duckdb")
     write(work, 1)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(READER), str(work)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with holding(work) as holder:
         assert holder.stdout.readline().strip() == "1"
         with pytest.raises(WarehouseLocked) as err:
             Warehouse(work, wait=0.3).open()
         message = str(err.value)
         assert f"held by process {holder.pid} (python" in message and "0.3 s" in message
         assert "open the published WAREHOUSE_PATH read-only" in message
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdin.close()
-        holder.stdout.close()
 
 
 def test_open_files_from_before_are_tightened_once_with_a_log_line(tmp_path, caplog):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
 from warehouse.lake import Lake
@@ -69,15 +70,10 @@ class Harness:
         )
 
     def sync(
-        self,
-        entity: EntitySet,
-        records: list,
-        *,
-        day: int = 0,
-        snapshot: bool = False,
-        deletes: Sequence[str] = (),
+        self, entity: EntitySet, records: list, *, snapshot: bool = False, **batch: Any
     ) -> LoadResult:
-        path = self.write(entity, records, day=day, snapshot=snapshot, deletes=deletes)
+        """`write` (day, deletes) and load the batch at once."""
+        path = self.write(entity, records, snapshot=snapshot, **batch)
         run_id = Lake.info(path).run_id
         return self.wh.load(
             entity, [path], run_id=run_id, snapshot=snapshot, watermark=f"w{self.runs}"
