@@ -27,8 +27,12 @@ def free_port() -> int:
 
 @contextmanager
 def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
-    """`clinical-sync sandbox ARGS` in a child process; yields its CLINICAL_* settings."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "sandbox", "--port", str(free_port()), *args]
+    """`clinical-sync sandbox ARGS` in a child process; yields its CLINICAL_* settings.
+    Unlimited unless ARGS give `--rate` (the command's own default is the spec's 5/s)."""
+    cmd = [
+        *(sys.executable, "-m", "pipelines.cli", "sandbox", "--port", str(free_port())),
+        *("--rate", "0", *args),
+    ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
