@@ -201,12 +201,6 @@ class Lake:
         table = pq.read_table(path, partitioning=None)
         return table.replace_schema_metadata(None), self.info(path)
 
-    def rejects(self, info: BatchInfo) -> list[Reject]:
-        if not info.rejects:
-            return []
-        rows = pq.read_table(side_path(self.root, REJECTS, info.table, info.batch_id)).to_pylist()
-        return [Reject(**{**r, "fields": tuple(r["fields"])}) for r in rows]
-
     def source(self) -> dict[str, str] | None:
         """The service this lake was extracted from (`base_url`, `customer`), if recorded."""
         path = self.root / SOURCE_FILE

@@ -69,10 +69,6 @@ HISTORY_META: dict[str, tuple[str, str]] = {
 }
 
 
-def field_names(entity: EntitySet) -> list[str]:
-    return [f.name for f in entity.fields]
-
-
 def arrow_schema(entity: EntitySet) -> pa.Schema:
     """The normalised batch schema: catalogue fields in canonical types, then `_extras`."""
     fields = [pa.field(f.name, ARROW_BY_CANONICAL[f.canonical]) for f in entity.fields]

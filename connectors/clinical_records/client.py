@@ -102,10 +102,6 @@ class ClinicalClient:
         finally:
             self.stats.add(gap_repairs=pager.repairs)
 
-    def iter_records(self, entity: EntitySet, query: Query | None = None) -> Iterator[dict]:
-        for page in self.iter_pages(entity, query):
-            yield from page.records
-
     def page(self, entity: EntitySet, query: Query) -> dict[str, Any]:
         """One collection request as the query states it (its own $top/$skip); the envelope."""
         return self._fetch_page(entity, query, None)
