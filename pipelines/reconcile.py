@@ -66,11 +66,11 @@ class Span:
 
 
 def default_budget(total: int) -> int:
-    """Requests one set may spend reconciling: at most what reading all of its `total`
-    records again would cost, a tenth more and a few; without drift a reconciliation never
-    needs more, so only a source that changes faster than it can be followed exhausts it."""
-    pages = math.ceil(total / PAGE_SIZE)
-    return 30 + pages + pages // 10
+    """Requests one set may spend reconciling: twice what reading all of its `total` records
+    again costs, and a few. A still source never needs more than one such read (when deletes
+    are so many that counting ranges costs more); the second pays for the rounds that follow
+    a source that kept changing meanwhile. Only one that changes faster exhausts it."""
+    return 30 + 2 * math.ceil(total / PAGE_SIZE)
 
 
 @dataclass
