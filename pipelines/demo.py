@@ -29,9 +29,9 @@ ORDER BY billed DESC
 
 # What the demo's "Next" suggests: a question an analyst asks, on the warehouse just built.
 TRY_QUERY = (
-    "WAREHOUSE_PATH={path} .venv/bin/clinical-sync sql -c \"SELECT branch_name, "
+    'WAREHOUSE_PATH={path} .venv/bin/clinical-sync sql -c "SELECT branch_name, '
     "sum(total_claim_balance) AS open_balance FROM analytics.prescription_summary "
-    'GROUP BY 1 ORDER BY 2 DESC LIMIT 5\"'
+    'GROUP BY 1 ORDER BY 2 DESC LIMIT 5"'
 )
 
 
