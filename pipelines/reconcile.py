@@ -52,13 +52,13 @@ FRUITLESS = 3  # narrowings in a row that find nothing before a difference is le
 @dataclass
 class Span:
     """A key range [low, high) (None: open), its held keys `ordered[i:j]`, and the source's
-    count in it when known."""
+    count in it (asked, or derived from its parent's)."""
 
     low: Any
     high: Any
     i: int
     j: int
-    count: int | None
+    count: int
 
     @property
     def held(self) -> int:
@@ -204,7 +204,7 @@ class Reconciler:
                     budget,
                 )
                 break
-            self._narrow(budget)
+            self._narrow(self.total, budget)
             found = (len(self.held), len(self.gone), result.caught_up) != before
             fruitless = 0 if found else fruitless + 1
             if fruitless >= FRUITLESS:
@@ -282,30 +282,29 @@ class Reconciler:
 
     # -- key ranges ---------------------------------------------------------------------------
 
-    def _narrow(self, budget: int) -> None:
-        """Find where the source and the held keys differ by halving key ranges: a half's
-        count comes from one request, the other half's is the rest of its parent's."""
+    def _narrow(self, total: int, budget: int) -> None:
+        """Find where the source's `total` and the held keys differ by halving key ranges: a
+        half's count comes from one request, the other half's is the rest of its parent's."""
         ordered = sorted(self.held)
-        pending: deque[Span] = deque([Span(None, None, 0, len(ordered), self.total)])
+        pending: deque[Span] = deque([Span(None, None, 0, len(ordered), total)])
         while pending and self.result.requests < budget:
             span = pending.popleft()
             if span.count == span.held:
                 continue
-            pages = math.ceil(max(span.count or 0, span.held) / PAGE_SIZE)
-            differ = abs((span.count or 0) - span.held)
+            pages = math.ceil(max(span.count, span.held) / PAGE_SIZE)
+            differ = abs(span.count - span.held)
             if span.held < 2 or pages <= max(2, differ * math.log2(pages)):
                 first = self._range_page(span.low, span.high)
                 self._settle(ordered[span.i : span.j], self._read_on(first["value"], span.high))
                 continue
             middle = (span.i + span.j) // 2
-            left = Span(span.low, ordered[middle], span.i, middle, None)
-            first = self._range_page(left.low, left.high)
-            left.count = int(first[COUNT])
-            if len(first["value"]) >= left.count:  # the whole half came back: settled
-                self._settle(ordered[left.i : left.j], first["value"])
+            first = self._range_page(span.low, ordered[middle])
+            count = int(first[COUNT])
+            if len(first["value"]) >= count:  # the whole half came back: settled
+                self._settle(ordered[span.i : middle], first["value"])
             else:
-                pending.append(left)
-            rest = None if span.count is None else span.count - left.count
+                pending.append(Span(span.low, ordered[middle], span.i, middle, count))
+            rest = span.count - count
             pending.append(Span(ordered[middle], span.high, middle, span.j, rest))
 
     def _range_page(self, low: Any, high: Any) -> dict[str, Any]:

@@ -342,11 +342,11 @@ class Store:
         self._next_id[name] += n
         if key is not None:
             records[0][table.entity.key] = key
-        for record in records:
-            if record[table.entity.key] in table.by_key:  # a serial a drift key took already
-                continue
+        # A serial that a drift insert already took as its key is no new record.
+        fresh = [r for r in records if r[table.entity.key] not in table.by_key]
+        for record in fresh:
             table.upsert(record)
-        return n
+        return len(fresh)
 
     def _update(
         self, table: Table, n: int, after: datetime, rng: random.Random | None = None
