@@ -15,6 +15,7 @@ from dagster import (
     AssetExecutionContext,
     AssetIn,
     AssetKey,
+    AssetOut,
     AssetsDefinition,
     AssetSpec,
     MaterializeResult,
@@ -24,10 +25,17 @@ from dagster import (
     multi_asset,
 )
 
-from connectors.clinical_records.catalogue import BY_NAME, ENTITY_SETS, EntitySet, Strategy
+from connectors.clinical_records.catalogue import (
+    ALL_ENTITIES,
+    FAMILIES,
+    RIDES_WITH,
+    EntitySet,
+    Strategy,
+)
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
-from pipelines.extract import Extraction, extract
+from pipelines.documents_asset import patient_document_content
+from pipelines.extract import Extraction
 from pipelines.keys import (
     ANALYTICS_GROUP,
     API_POOL,
@@ -43,6 +51,7 @@ from pipelines.keys import (
 )
 from pipelines.liveness import run_started_at
 from pipelines.models import Model, models
+from pipelines.packed import SetInput, extract_family
 from pipelines.progress import current
 from pipelines.reconcile import Reconciliation
 from pipelines.resources import (
@@ -51,8 +60,9 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.state import LOCK_WAIT_SECONDS, read_held_keys, read_state
-from pipelines.strategy import Mode, plan
+from pipelines.service_memory import ServiceMemory
+from pipelines.state import LOCK_WAIT_SECONDS, read_held_keys, read_parents, read_state
+from pipelines.strategy import Mode, Plan, plan
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
@@ -84,6 +94,7 @@ STRATEGY_TEXT: dict[Strategy, str] = {
     Strategy.CREATED: "new rows by creation time; a full snapshot on a cadence",
     Strategy.SNAPSHOT: "a full snapshot every run",
     Strategy.PERIODIC_SNAPSHOT: "a full snapshot on a cadence (no cursor)",
+    Strategy.PER_PATIENT: "every document of every patient read, deletes marked",
 }
 
 
@@ -131,56 +142,87 @@ def _log_reconciliation(log: Any, extraction: Extraction) -> None:
 
 
 def _selected_entities(context: AssetExecutionContext) -> list[str]:
-    selection = context.run.asset_selection
-    if not selection:
-        return list(BY_NAME)
+    selection = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
     tables = {key.path[-1] for key in selection if key.path[0] in (LAKE_GROUP, CLINICAL_GROUP)}
-    return [e.name for e in ENTITY_SETS if e.table in tables]
+    return [e.name for e in ALL_ENTITIES if e.table in tables]
 
 
-def build_extract_asset(entity: EntitySet) -> AssetsDefinition:
-    @asset(
-        key=lake_key(entity),
-        group_name=LAKE_GROUP,
-        kinds={"python", "parquet"},
-        owners=OWNERS,
-        pool=API_POOL,
-        tags={"strategy": entity.strategy.value},
-        description=(
-            f"{entity.name} from the API into Parquet batches: {STRATEGY_TEXT[entity.strategy]}"
-        ),
-    )
-    def extract_entity(
+def _set_input(working: str, entity: EntitySet, todo: Plan, watermark: str | None) -> SetInput:
+    """What one set's extraction starts from: the keys an increment reconciles against and,
+    for a child riding in its parent's pages, the parent of each."""
+    one = SetInput(todo, watermark)
+    if todo.mode is Mode.INCREMENTAL:
+        one.held = read_held_keys(working, entity)
+    if entity.name in RIDES_WITH and entity.contained_in is None and todo.moves_watermark:
+        one.parents = read_parents(working, entity, RIDES_WITH[entity.name][1].remote)
+    return one
+
+
+def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
+    """One extraction per family: a set and the sets that ride in its pages (one request
+    carries a hundred parents and their children), a lake asset for each."""
+    root = family[0]
+    outs = {
+        e.table: AssetOut(
+            key=lake_key(e),
+            group_name=LAKE_GROUP,
+            kinds={"python", "parquet"},
+            owners=OWNERS,
+            tags={"strategy": e.strategy.value},
+            is_required=False,
+            description=f"{e.name} from the API into Parquet batches: {_how(e)}",
+        )
+        for e in family
+    }
+
+    @multi_asset(outs=outs, name=f"extract_{root.table}", pool=API_POOL, can_subset=True)
+    def extract_family_assets(
         context,  # AssetExecutionContext (Dagster needs it unannotated under PEP 563)
         clinical_api: ClinicalApiResource,
         lake: LakeResource,
         warehouse: WarehouseResource,
         sync_options: SyncOptionsResource,
-    ) -> Output[Extraction]:
+    ) -> Iterator[Output[Extraction]]:
         settings = clinical_api.settings()
         working = warehouse.working()
-        state = read_state(working, entity)
-        todo = plan(entity, state, sync_options.options())
-        context.log.info(f"{entity.name}: {todo.mode.value} ({todo.reason})")
+        options = sync_options.options()
+        chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
+        inputs = {}
+        for e in chosen:
+            state = read_state(working, e)
+            inputs[e.name] = _set_input(working, e, plan(e, state, options), state.watermark)
         the_lake = lake.lake()
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
-        held = read_held_keys(working, entity) if todo.mode is Mode.INCREMENTAL else ()
+        memory = ServiceMemory(the_lake.root, retry_after=options.snapshot_every)
         with ClinicalClient(settings, logger=context.log) as client:
-            result = extract(
-                todo,
+            results = extract_family(
+                family,
+                inputs,
                 client,
                 the_lake,
                 run_id=context.run.run_id,
-                previous_watermark=state.watermark,
                 progress=current(context.log.info),
-                held=held,
+                memory=memory,
+                say=context.log,
             )
-        _log_reconciliation(context.log, result)
-        return Output(result, metadata=extraction_metadata(result))
+        for e in chosen:
+            _log_reconciliation(context.log, results[e.name])
+            yield Output(
+                results[e.name], output_name=e.table, metadata=extraction_metadata(results[e.name])
+            )
 
-    return extract_entity
+    return extract_family_assets
+
+
+def _how(entity: EntitySet) -> str:
+    if entity.name in RIDES_WITH:
+        return (
+            f"in the pages of {RIDES_WITH[entity.name][0].name} ($expand); "
+            + STRATEGY_TEXT[entity.strategy]
+        )
+    return STRATEGY_TEXT[entity.strategy]
 
 
 def build_load_asset(entity: EntitySet) -> AssetsDefinition:
@@ -318,16 +360,15 @@ def _keys(upstream: AssetKey | AssetsDefinition) -> list[AssetKey]:
 
 
 def build_assets() -> list[AssetsDefinition]:
-    out: list[AssetsDefinition] = []
-    for entity in ENTITY_SETS:
-        out += [build_extract_asset(entity), build_load_asset(entity)]
+    out: list[AssetsDefinition] = [build_extract_asset(family) for family in FAMILIES]
+    out += [build_load_asset(entity) for entity in ALL_ENTITIES]
     out.append(build_models_asset(models()))
     return out
 
 
 def build_sync_assets() -> list[AssetsDefinition]:
     """The entity sets' assets and the models, then their publication."""
-    found = build_assets()
+    found = [*build_assets(), patient_document_content]
     return [*found, build_publish_asset(found)]
 
 

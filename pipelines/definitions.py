@@ -24,7 +24,7 @@ from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
 from pipelines.checks import with_freshness
-from pipelines.documents_asset import patient_documents
+from pipelines.documents_asset import patient_document_content
 from pipelines.keys import (
     BACKFILL_JOB,
     DOCUMENTS_JOB,
@@ -87,7 +87,7 @@ def _options(**values: object) -> dict[str, object]:
 
 
 ASSETS = with_freshness(
-    with_column_schemas([*build_assets(), patient_documents], [*ENTITY_SETS, DOCUMENTS]),
+    with_column_schemas([*build_assets(), patient_document_content], [*ENTITY_SETS, DOCUMENTS]),
     [table_key(e) for e in ENTITY_SETS],
 )
 PUBLISHED = build_publish_asset(ASSETS)
@@ -106,8 +106,13 @@ full_resync = define_asset_job(
 )
 documents_sync = define_asset_job(
     DOCUMENTS_JOB,
-    selection=AssetSelection.assets(patient_documents, PUBLISHED_KEY),
-    description="Patient documents' metadata (content only when asked in the launchpad)",
+    selection=AssetSelection.assets(
+        lake_key(DOCUMENTS), table_key(DOCUMENTS), patient_document_content, PUBLISHED_KEY
+    ),
+    description=(
+        "Patient documents' metadata, read in the patients' pages (content only when asked "
+        "in the launchpad)"
+    ),
 )
 backfill_range = define_asset_job(
     BACKFILL_JOB,

@@ -1,85 +1,81 @@
-"""The `clinical/patient_documents` asset: the documents sync of `pipelines.documents` in Dagster.
+"""`clinical/patient_document_content`: the documents' files, fetched only when asked.
 
-API-bound (one request per listed patient), so it runs in the `clinical_api` pool and takes
-the warehouse's write lock only for its short loads. Its metadata says what the budget plan
-expected and what the run spent.
+The documents' metadata is a set like any other (`lake/patient_documents` rides in the
+patients' pages, `clinical/patient_documents` loads it). Content is protected health
+information and costs one request per file, so this step fetches it only when the launchpad
+asks (`download_content: true`); otherwise it says how many files it would fetch.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the config class from the
 # parameter's annotation at decoration time, which a string annotation would hide.
 
-from datetime import timedelta
-
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, asset
 from pydantic import Field as ConfigField
 
-from connectors.clinical_records.catalogue import DOCUMENTS, PATIENTS
-from pipelines.documents import sync_documents
-from pipelines.documents_plan import DocumentsOptions
-from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
-from pipelines.liveness import run_started_at
-from pipelines.resources import (
-    ClinicalApiResource,
-    LakeResource,
-    SyncOptionsResource,
-    WarehouseResource,
+from connectors.clinical_records.catalogue import DOCUMENTS
+from connectors.clinical_records.client import ClinicalClient
+from pipelines.documents_content import (
+    ContentResult,
+    content_store,
+    content_todo,
+    download_content,
+    manifest_ddl,
+    record_content,
 )
+from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
+from pipelines.resources import ClinicalApiResource, LakeResource, WarehouseResource
+from pipelines.state import LOCK_WAIT_SECONDS
+from warehouse.load import Warehouse
+
+CONTENT_KEY = AssetKey(["clinical", "patient_document_content"])
 
 
-class DocumentsConfig(Config):
-    """Per-run options of the documents sync (launchpad: `ops: clinical__patient_documents`)."""
+class ContentConfig(Config):
+    """Launchpad: `ops: patient_document_content: config: download_content: true`."""
 
-    full_listing: bool = ConfigField(
-        default=False, description="List every patient now (marks deleted documents)"
-    )
-    full_listing_every_days: float = ConfigField(
-        default=7.0, description="Cadence of the full listing; other runs list changed patients"
-    )
     download_content: bool = ConfigField(
-        default=False, description="Also fetch the files into the content store (PHI: opt-in)"
+        default=False, description="Fetch the files into the content store (PHI: opt-in)"
     )
-
-    def options(self, full: bool) -> DocumentsOptions:
-        return DocumentsOptions(
-            full=self.full_listing or full,
-            full_every=timedelta(days=self.full_listing_every_days),
-            download_content=self.download_content,
-        )
 
 
 @asset(
-    key=table_key(DOCUMENTS),
-    deps=[table_key(PATIENTS)],
+    key=CONTENT_KEY,
+    deps=[table_key(DOCUMENTS)],
     group_name=CLINICAL_GROUP,
-    kinds={"python", "duckdb", "table"},
+    kinds={"python", "duckdb"},
     owners=OWNERS,
     pool=API_POOL,
-    tags={"strategy": DOCUMENTS.strategy.value},
-    description=(
-        "Patient documents' metadata, listed per patient: changed patients nightly, all on "
-        "the full-listing cadence (deletes marked); file content only when asked"
-    ),
+    description="The documents' files in the content store, one request each; only when asked",
 )
-def patient_documents(
+def patient_document_content(
     context: AssetExecutionContext,
-    config: DocumentsConfig,
+    config: ContentConfig,
     clinical_api: ClinicalApiResource,
     lake: LakeResource,
     warehouse: WarehouseResource,
-    sync_options: SyncOptionsResource,
 ) -> MaterializeResult:
-    report = sync_documents(
-        clinical_api.settings(),
-        lake_root=lake.root,
-        warehouse_path=warehouse.working(),
-        run_id=context.run.run_id,
-        options=config.options(sync_options.full),
-        logger=context.log,
-        started_at=run_started_at(context.instance, context.run.run_id),
-    )
+    store = content_store(lake.root)
+    with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+        wh.ensure_schema()
+        for statement in manifest_ddl():
+            wh.con.execute(statement)
+        todo = content_todo(wh.con, store)
+    result = ContentResult(wanted=len(todo))
+    if config.download_content and todo:
+        settings = clinical_api.settings()
+        context.log.info(
+            f"{DOCUMENTS.name}: {len(todo)} files to fetch, one request each: about "
+            f"{len(todo) / settings.rate_limit:.0f} s at {settings.rate_limit:g} requests/s"
+        )
+        with ClinicalClient(settings, logger=context.log) as client:
+            rows, result = download_content(client, store, todo, context.run.run_id)
+        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+            record_content(wh.con, rows)
+    elif todo:
+        context.log.info(
+            f"{DOCUMENTS.name}: {len(todo)} files not held; set download_content to fetch them"
+        )
     return MaterializeResult(
-        metadata={
-            **report.metadata(),
-            "table": MetadataValue.text(f"clinical.{DOCUMENTS.table}"),
-        }
+        metadata={f"content_{k}": v for k, v in vars(result).items()}
+        | {"download_content": config.download_content}
     )

@@ -76,13 +76,6 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return run
 
 
-def _note(patient: str) -> None:
-    from pipelines.documents import note_patient
-    from pipelines.home import lake_root
-
-    note_patient(lake_root(), patient)
-
-
 def upload(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
@@ -95,7 +88,6 @@ def upload(args: argparse.Namespace) -> int:
             description=args.description,
             content_type=args.content_type,
         )
-    _note(args.patient)
     print(
         f"uploaded {meta.get('id')}: {meta.get('file_name')} ({meta.get('content_type')}, "
         f"{meta.get('file_size_bytes')} bytes)"
@@ -151,13 +143,12 @@ def download(args: argparse.Namespace) -> int:
 def delete(args: argparse.Namespace) -> int:
     with _documents() as docs:
         docs.delete(args.patient, args.document)
-    _note(args.patient)
     print("deleted")
     return 0
 
 
 def sync(args: argparse.Namespace) -> int:
-    """The `patient_documents` asset through Dagster, as the `documents_sync` job runs it."""
+    """The documents' part of the sync through Dagster, as the `documents_sync` job runs it."""
     from pipelines import cli_log, home
     from pipelines.commands import format_table
     from pipelines.runner import sync_documents
@@ -179,12 +170,6 @@ def sync(args: argparse.Namespace) -> int:
         return _fail(REFUSED, f"documents sync failed: {run.failure}\n  log:  {log}")
     print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))
     print(f"run {run.run_id}")
-    if not run.figures.get("patients_listed"):
-        print(
-            "no patient listed: documents are listed per patient the warehouse holds, so run "
-            "`clinical-sync sync` first",
-            file=sys.stderr,
-        )
     return 0
 
 
@@ -220,9 +205,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rm.set_defaults(func=_guarded(delete))
 
     sy = actions.add_parser(
-        "sync", help="list every changed patient's documents into the warehouse"
+        "sync", help="read every patient's documents (in the patients' pages) into the warehouse"
     )
-    sy.add_argument("--full", action="store_true", help="list every patient (marks deletes)")
+    sy.add_argument("--full", action="store_true", help="as sync --full: a reset")
     sy.add_argument(
         "--content", action="store_true", help="also fetch the files into the content store (PHI)"
     )

@@ -18,10 +18,11 @@ from connectors.clinical_records.catalogue import DOCUMENTS
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.errors import NotFound
-from pipelines.documents_plan import DOCS_TABLE
 from warehouse.content_store import ContentMismatch, ContentStore
-from warehouse.ddl import OPS
+from warehouse.ddl import CLINICAL, OPS
 from warehouse.ident import literal, qualified, quote
+
+DOCS_TABLE = qualified(CLINICAL, DOCUMENTS.table)
 
 CONTENT_DIR = "_documents"  # under LAKE_ROOT: the content store (and the CLI's notes)
 MANIFEST = "document_content"

@@ -151,22 +151,31 @@ class Reconciler:
         self.mark: tuple[str, datetime] | None = None  # (as sent, as an instant)
         self.began: datetime | None = None
         self.total: int | None = None  # the source's count at the last probe
+        self.started_total: int | None = None  # its count when the read began
         self.ceiling = datetime.now(UTC) + FUTURE
         self.result = Reconciliation(blind=_blind(entity))
 
     # -- the three calls ----------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """The change mark, before the read: every later write sorts at or after it."""
+    def begin(self, *, counted: bool = False) -> None:
+        """The change mark, before the read: every later write sorts at or after it. The
+        same request counts the set (`started_total`); `counted` asks a set without a
+        cursor for its count alone."""
         if self.cursor is None:
+            if counted:
+                query = Query(self.entity, top=0, count=True)
+                self.started_total = int(self._page(query)[COUNT])
             return
         query = Query(
             self.entity,
             select=[self.key, self.cursor],
             orderby=[(self.cursor, True)],
             top=PAGE_SIZE,
+            count=True,
         )
-        self._move_mark(self._page(query)["value"])
+        envelope = self._page(query)
+        self.started_total = int(envelope[COUNT])
+        self._move_mark(envelope["value"])
         self.began = self.mark[1] if self.mark else None
 
     def read(self, records: list[dict]) -> None:
@@ -217,6 +226,13 @@ class Reconciler:
                 )
                 break
         return result
+
+    def forget(self, keys: Iterable[Any]) -> None:
+        """Keys known gone without a probe (children missing from a parent read whole)."""
+        gone = set(keys)
+        self.held.difference_update(gone)
+        self.gone.update(gone)
+        self.result.deleted = len(self.gone)
 
     def deleted_keys(self) -> list[str]:
         """Keys read, then found gone at the source, as text (the lake's form)."""

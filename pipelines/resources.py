@@ -107,6 +107,13 @@ class SyncOptionsResource(ConfigurableResource):
     snapshot_every_days: float = ConfigField(
         default=7.0, description="Cadence of the full snapshot of Patients, Prescriptions, ..."
     )
+    exact: bool = ConfigField(
+        default=True,
+        description=(
+            "Read the sets without updated_at (Patients, Prescriptions, ...) whole every run, "
+            "so that every run ends equal to the source; off, they wait for the snapshot cadence"
+        ),
+    )
     force_source: bool = ConfigField(
         default=False,
         description="Adopt a new service or customer for this warehouse and lake (sync --force)",
@@ -129,6 +136,7 @@ class SyncOptionsResource(ConfigurableResource):
             full=self.full,
             lookback=timedelta(minutes=self.lookback_minutes),
             snapshot_every=timedelta(days=self.snapshot_every_days),
+            exact=self.exact,
             backfill_from=start,
             backfill_to=end,
         )

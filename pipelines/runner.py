@@ -16,16 +16,24 @@ from typing import Any
 
 from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
-from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, entity
+from connectors.clinical_records.catalogue import (
+    ALL_ENTITIES,
+    BY_TABLE,
+    DOCUMENTS,
+    EntitySet,
+    entity,
+)
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines.assets import build_publish_asset, build_reference_checks, build_sync_assets
+from pipelines.assets import build_reference_checks, build_sync_assets
+from pipelines.documents_asset import CONTENT_KEY, patient_document_content
 from pipelines.keys import (
     BACKFILL_JOB,
     CLINICAL_GROUP,
     DOCUMENTS_JOB,
     FULL_JOB,
     NIGHTLY_JOB,
+    PUBLISHED_KEY,
     lake_key,
     table_key,
 )
@@ -157,10 +165,8 @@ def resolve(names: Sequence[str]) -> list[EntitySet]:
         try:
             found = entity(name)
         except KeyError:
-            known = ", ".join(e.name for e in ENTITY_SETS)
+            known = ", ".join(e.name for e in ALL_ENTITIES)
             raise ConfigError("--only", f"entity sets among: {known}") from None
-        if found not in ENTITY_SETS:
-            raise ConfigError("--only", "an entity set synced by table (not Documents)")
         chosen.append(found)
     return chosen
 
@@ -212,13 +218,12 @@ def sync(
         selection=selection(resolve(only)),
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
-    by_table = {e.table: e for e in ENTITY_SETS}
     for event in result.get_asset_materialization_events():
         key: AssetKey = event.asset_key
-        if key.path[0] != CLINICAL_GROUP:
+        if key.path[0] != CLINICAL_GROUP or key.path[-1] not in BY_TABLE:
             continue
         figures = _values(event.materialization.metadata)
-        report.entities[by_table[key.path[-1]].name] = figures
+        report.entities[BY_TABLE[key.path[-1]].name] = figures
     for evaluation in result.get_asset_check_evaluations():
         report.checks.append(
             CheckOutcome(
@@ -229,7 +234,7 @@ def sync(
                 metadata=_values(evaluation.metadata),
             )
         )
-    order = [e.name for e in ENTITY_SETS]
+    order = [e.name for e in ALL_ENTITIES]
     report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
     report.failure = _failure(result, warehouse_path, env, instance)
     failures = root_failures(result.all_events)
@@ -265,17 +270,19 @@ def sync_documents(
     instance: DagsterInstance | None = None,
     log_level: str = "INFO",
 ) -> DocumentsRun:
-    """Materialize `patient_documents` once and publish, as the `documents_sync` job does."""
-    from pipelines.documents_asset import patient_documents
-
+    """The `documents_sync` job once: the documents read in the patients' pages, loaded, their
+    files fetched when `content`, published."""
     result = _materialize(
         DOCUMENTS_JOB,
-        [patient_documents, build_publish_asset([patient_documents])],
+        build_sync_assets(),
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
         instance=instance,
         tags={"clinical-sync/command": "documents sync"},
-        ops={patient_documents.op.name: {"config": {"download_content": content}}},
+        selection=AssetSelection.assets(
+            lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, PUBLISHED_KEY
+        ),
+        ops={patient_document_content.op.name: {"config": {"download_content": content}}},
     )
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():

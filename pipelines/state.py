@@ -64,3 +64,20 @@ def read_held_keys(warehouse_path: str | Path, entity: EntitySet) -> set[Any]:
         except duckdb.CatalogException:  # the schema was never created
             return set()
     return held_from(entity, [*keys, *(k for (k,) in rejected)])
+
+
+def read_parents(warehouse_path: str | Path, entity: EntitySet, reference: str) -> dict[Any, Any]:
+    """Live key -> the parent its `reference` names, for a child riding in its parent's
+    pages: a child held under a parent read whole that did not come with it is gone."""
+    if not Path(warehouse_path).exists():
+        return {}
+    table = qualified(CLINICAL, entity.table)
+    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+        try:
+            rows = wh.con.execute(
+                f"SELECT {quote(entity.key)}, {quote(reference)} FROM {table} "
+                'WHERE "_deleted_at" IS NULL'
+            ).fetchall()
+        except duckdb.CatalogException:
+            return {}
+    return dict(rows)

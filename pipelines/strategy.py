@@ -40,6 +40,9 @@ class Options:
     snapshot_every: timedelta = timedelta(days=7)
     backfill_from: date | None = None
     backfill_to: date | None = None  # exclusive
+    # Exact every run: a set whose records carry no `updated_at` is read whole every run (its
+    # updates and deletes show no other way); off, such sets wait for the snapshot cadence.
+    exact: bool = True
 
     @property
     def backfill(self) -> bool:
@@ -98,12 +101,16 @@ def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: d
 
 
 def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    if options.exact:
+        return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
     if _snapshot_due(state, options, now):
         return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due (catches updates and deletes)")
     return _plan_cursor(entity, state, options, now)
 
 
 def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    if options.exact:
+        return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
     if _snapshot_due(state, options, now):
         return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due")
     assert state.last_snapshot_at is not None
@@ -111,11 +118,18 @@ def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: d
     return Plan(entity, Mode.SKIP, f"no cursor; next snapshot due {due}")
 
 
+def _plan_per_patient(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    return Plan(entity, Mode.SNAPSHOT, "listed whole in the patients' pages ($expand)")
+
+
+EXACT_REASON = "no updated_at: read whole every run to stay exact"
+
 PLANNERS: dict[Strategy, Callable[[EntitySet, SyncState, Options, datetime], Plan]] = {
     Strategy.CURSOR: _plan_cursor,
     Strategy.SNAPSHOT: _plan_snapshot,
     Strategy.CREATED: _plan_created,
     Strategy.PERIODIC_SNAPSHOT: _plan_periodic,
+    Strategy.PER_PATIENT: _plan_per_patient,
 }
 
 
@@ -131,8 +145,8 @@ def plan(
     """Decide what this run fetches for `entity`."""
     now = now or datetime.now(UTC)
     if options.backfill:
-        if entity.cursor is None:
-            return Plan(entity, Mode.SKIP, "no cursor to select a date range by")
+        if entity.cursor is None or entity.contained_in is not None:
+            return Plan(entity, Mode.SKIP, "no cursor of its own to select a date range by")
         since, until = _bound(entity, options.backfill_from), _bound(entity, options.backfill_to)
         reason = f"backfill {entity.cursor} from {options.backfill_from} to {options.backfill_to}"
         return Plan(entity, Mode.BACKFILL, reason, since, until)

@@ -1,28 +1,27 @@
-"""The documents sync against a sandbox: the table equals the sandbox's document truth after
-uploads and deletes, the budget plan lists only whom it must, content is held by hash, and
-no document id or content reaches a log."""
+"""Documents against a sandbox: they ride in the patients' pages, the table equals the
+sandbox's document truth after uploads and deletes (no per-patient request), the service's
+refusals and caps are met by listing per patient, content is held by hash, and no document
+id or content reaches a log."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance
 
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
-from pipelines.assets import build_publish_asset
-from pipelines.documents import note_patient, sync_documents
-from pipelines.documents_asset import patient_documents
 from pipelines.documents_content import MANIFEST_TABLE, content_store
-from pipelines.documents_plan import DocumentsOptions, DocumentsState, plan_listing
-from pipelines.runner import resources_from_env, sync
+from pipelines.runner import sync, sync_documents
+from pipelines.service_memory import DOCUMENTS_REFUSED, MEMORY_FILE
 from tests.connector_helpers import settings_for
 
 COMPARED = ("file_name", "content_type", "file_size_bytes", "document_type", "description")
@@ -53,46 +52,37 @@ def truth_rows(server: SandboxServer) -> dict[str, tuple]:
     }
 
 
+def _env(srv: SandboxServer, tmp_path: Path) -> dict[str, str]:
+    return {
+        **srv.env(),
+        "CLINICAL_RATE_LIMIT": "200",
+        "CLINICAL_BURST": "50",
+        "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
+    }
+
+
 @pytest.mark.e2e
-def test_table_follows_uploads_and_deletes(tmp_path, caplog, capsys):
+def test_documents_ride_with_patients_and_follow_uploads_and_deletes(tmp_path, caplog, capsys):
     caplog.set_level(logging.DEBUG)
     lake, warehouse = tmp_path / "lake", tmp_path / "warehouse.duckdb"
+    paths = {"lake_root": str(lake), "warehouse_path": str(warehouse)}
     with SandboxServer(SandboxConfig(seed=5, scale=0.05)) as srv:
-        env = {
-            **srv.env(),
-            "CLINICAL_RATE_LIMIT": "200",
-            "CLINICAL_BURST": "50",
-            "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
-        }
-        settings = settings_for(srv, tmp_path)
+        env = _env(srv, tmp_path)
         with DagsterInstance.ephemeral() as instance:
-            patients = sync(
-                env,
-                lake_root=str(lake),
-                warehouse_path=str(warehouse),
-                only=["Patients"],
-                instance=instance,
-            )
-            assert patients.success
-            # 1. the asset: a first, full listing, with content
-            done = materialize(  # as the documents_sync job: the asset, then the publication
-                [patient_documents, build_publish_asset([patient_documents])],
-                resources=resources_from_env(env, str(lake), str(warehouse)),
-                instance=instance,
-                run_config={
-                    "ops": {"clinical__patient_documents": {"config": {"download_content": True}}}
-                },
-            )
-        assert done.success
-        meta = done.asset_materializations_for_node("clinical__patient_documents")[0].metadata
-        patient_count = srv.store.counts()["Patients"]
-        assert meta["mode"].value == "full"
-        assert meta["patients_listed"].value == meta["requests_expected"].value == patient_count
-        assert meta["requests_spent"].value == patient_count  # one page per patient, no faults
-        assert meta["content_requests"].value == len(truth_rows(srv))
-        assert table_rows(warehouse) == truth_rows(srv) and truth_rows(srv)
+            # 1. the sync: documents in the patients' pages, not one request per patient
+            first = sync(env, instance=instance, **paths)
+            assert first.success, first.failure
+            assert table_rows(warehouse) == truth_rows(srv) and truth_rows(srv)
+            assert first.entities["Documents"]["mode"] == "snapshot"
+            patients = srv.store.counts()["Patients"]
+            assert int(first.entities["Patients"]["requests"]) < patients / 10
+            assert int(first.entities["Documents"]["requests"]) == 0
 
-        # content: every live document held once, by hash, matching its size
+            # 2. content, as the documents_sync job with download_content
+            done = sync_documents(env, content=True, instance=instance, **paths)
+            assert done.success, done.failure
+            assert done.figures["content_downloaded"] == len(truth_rows(srv))
+
         store = content_store(lake)
         with duckdb.connect(str(warehouse), read_only=True) as con:
             held = con.execute(f'SELECT "document_id", "sha256", "size" FROM {MANIFEST_TABLE}')
@@ -101,131 +91,96 @@ def test_table_follows_uploads_and_deletes(tmp_path, caplog, capsys):
         for sha, size in manifest.values():
             assert store.verify(sha) and store.path_for(sha).stat().st_size == size
             assert store.path_for(sha).stat().st_mode & 0o077 == 0
-        assert meta["content_downloaded_bytes"].value == sum(s for _, s in manifest.values())
 
-        # 2. our uploads and deletes (noted): the next ordinary run lists just those patients
+        # 3. uploads and deletes by anyone: the next run sees them all, deletes marked
         secrets: list[bytes] = []
-        with ClinicalClient(settings) as client:
+        with ClinicalClient(settings_for(srv, tmp_path)) as client:
             docs = DocumentsClient(client)
             target = next(iter(truth_rows(srv).values()))[0]
-            victim = next(d for d in srv.store.ground_truth()["Documents"])
+            victims = srv.store.ground_truth()["Documents"][:2]
             for n in range(2):
                 source = tmp_path / f"new-{n}.pdf"
                 secrets.append(f"%PDF-1.4 secret-{uuid.uuid4().hex}".encode())
                 source.write_bytes(secrets[-1])
                 docs.upload(target, source, document_type="Referral")
-            docs.delete(victim["patient_id"], victim["id"])
-            note_patient(lake, target)
-            note_patient(lake, victim["patient_id"])
-            second = sync_documents(
-                settings,
-                lake_root=lake,
-                warehouse_path=warehouse,
-                run_id=uuid.uuid4().hex,
-                options=DocumentsOptions(download_content=True),
-            )
-            assert second.mode == "incremental"
-            assert (
-                second.patients_listed
-                == second.requests_expected
-                == second.requests_spent
-                == len({target, victim["patient_id"]})
-            )
-            assert second.documents_new == 2 and second.documents_deleted == 1
-            assert second.content is not None and second.content.downloaded == 2
-            assert table_rows(warehouse) == truth_rows(srv)
-
-            # 3. a delete nobody noted: invisible to an ordinary night, marked by the full listing
-            other = next(
-                d for d in srv.store.ground_truth()["Documents"] if d["patient_id"] != target
-            )
-            docs.delete(other["patient_id"], other["id"])
-        quiet = sync_documents(
-            settings, lake_root=lake, warehouse_path=warehouse, run_id=uuid.uuid4().hex
-        )
-        assert quiet.patients_listed == 0 and quiet.requests_spent == 0
-        assert other["id"] in table_rows(warehouse)
-        full = sync_documents(
-            settings,
-            lake_root=lake,
-            warehouse_path=warehouse,
-            run_id=uuid.uuid4().hex,
-            options=DocumentsOptions(full=True),
-        )
-        assert full.mode == "full" and full.documents_deleted == 1
+            for victim in victims:
+                docs.delete(victim["patient_id"], victim["id"])
+        with DagsterInstance.ephemeral() as instance:
+            second = sync_documents(env, content=True, instance=instance, **paths)
+        assert second.success, second.failure
+        assert second.figures["rows_inserted"] == 2 and second.figures["rows_soft_deleted"] == 2
+        assert second.figures["content_downloaded"] == 2
         assert table_rows(warehouse) == truth_rows(srv)
-        with duckdb.connect(str(warehouse), read_only=True) as con:
-            (marked,) = con.execute(
-                'SELECT count(*) FROM "clinical"."patient_documents" '
-                'WHERE "_deleted_at" IS NOT NULL'
-            ).fetchone()
-        assert marked == 2
 
         # no document id and no content in any log line, Dagster event or console output
-        every_id = {victim["id"], other["id"], *manifest, *truth_rows(srv)}
+        every_id = {*(v["id"] for v in victims), *manifest, *truth_rows(srv)}
         out, err = capsys.readouterr()
-        events = " ".join(str(e.message) for e in done.all_events)
-        logged = "\n".join([caplog.text, out, err, events])
-        assert "GET Documents" in logged  # the scan sees the request log lines
+        logged = "\n".join([caplog.text, out, err])
+        assert "GET Patients" in logged  # the scan sees the request log lines
         assert not [d for d in every_id if d in logged]
         assert not [s for s in secrets if s.decode() in logged]
 
 
-def test_plan_lists_changed_and_noted_patients_and_goes_full_on_cadence():
-    now = datetime(2026, 11, 23, tzinfo=UTC)
-    state = DocumentsState(
-        live_patients=frozenset({"1", "2", "3", "4"}),
-        changed_patients=frozenset({"2", "3"}),
-        newest_upload={"3": now - timedelta(days=3), "9": now - timedelta(days=9)},
-        with_documents=frozenset({"3", "9"}),
-        patients_mark="2026-11-22T00:00:00+00:00",
-        last_full_at=now - timedelta(days=2),
-    )
-    nightly = plan_listing(state, DocumentsOptions(), {"4"}, now)
-    assert not nightly.full
-    assert nightly.whole == ("2", "4") and nightly.since == {"3": now - timedelta(days=3)}
-    assert nightly.expected_requests == 3 and nightly.expected_seconds(2.0) == 1.5
-    due = plan_listing(state, DocumentsOptions(full_every=timedelta(days=1)), set(), now)
-    assert due.full and due.whole == ("1", "2", "3", "4", "9") and "due" in due.reason
-    asked = plan_listing(state, DocumentsOptions(full=True), set(), now)
-    assert asked.full and asked.reason == "full listing requested"
-    first = plan_listing(DocumentsState(), DocumentsOptions(), {"5"}, now)
-    assert first.full and first.whole == ("5",) and first.reason == "first listing"
+@pytest.mark.e2e
+@pytest.mark.parametrize("switch", ["expand_cap", "refuse_document_expand"])
+def test_a_service_that_caps_or_refuses_expansion_is_met_per_patient(switch, tmp_path, caplog):
+    """Nested collections cut at 3, or `$expand=Documents` refused with the spec's 400: the
+    same exact tables, more requests, the reason logged; a refusal is remembered."""
+    caplog.set_level(logging.INFO)
+    lake, warehouse = tmp_path / "lake", tmp_path / "warehouse.duckdb"
+    paths = {"lake_root": str(lake), "warehouse_path": str(warehouse)}
+    with SandboxServer(SandboxConfig(seed=5, scale=0.05)) as srv:
+        srv.configure(**{switch: 3 if switch == "expand_cap" else True})
+        env = _env(srv, tmp_path)
+        with DagsterInstance.ephemeral() as instance:
+            report = sync(env, instance=instance, log_level="INFO", **paths)
+            assert report.success, report.failure
+            assert table_rows(warehouse) == truth_rows(srv) and truth_rows(srv)
+            truth = srv.store.ground_truth()
+            for name in ("Appointments", "Claims", "InsuranceVerifications"):
+                table = (
+                    name.lower() if name != "InsuranceVerifications" else "insurance_verifications"
+                )
+                with duckdb.connect(str(warehouse), read_only=True) as con:
+                    (live,) = con.execute(
+                        f'SELECT count(*) FROM "clinical"."{table}" WHERE "_deleted_at" IS NULL'
+                    ).fetchone()
+                assert live == len(truth[name]), name
+            patients = srv.store.counts()["Patients"]
+            spent = {n: int(float(f["requests"])) for n, f in report.entities.items()}
+            if switch == "refuse_document_expand":  # one request per patient, and remembered
+                assert spent["Documents"] >= patients, spent
+                memory = lake / MEMORY_FILE
+                assert DOCUMENTS_REFUSED in memory.read_text()
+                assert memory.stat().st_mode & 0o077 == 0
+                again = sync(env, instance=instance, log_level="INFO", **paths)
+                assert again.success and table_rows(warehouse) == truth_rows(srv)
+                refused = srv.stats().get("status_400", 0)
+                assert refused == 1, srv.stats()  # asked once, not again
+            else:  # more parents cut short than pages in the set: the set is read alone
+                crowded = Counter(a["patient_id"] for a in truth["Appointments"])
+                short = sum(1 for n in crowded.values() if n > 3)
+                pages = -(-len(truth["Appointments"]) // 100)
+                assert short > pages and spent["Appointments"] < short, (short, spent)
 
 
 @pytest.mark.reliability
 def test_faults_lose_nothing_and_keep_no_partial_content(tmp_path):
-    """500s, dropped connections and 429s while listing and downloading: the same table."""
+    """500s, dropped connections and 429s while reading and downloading: the same table."""
     lake, warehouse = tmp_path / "lake", tmp_path / "warehouse.duckdb"
+    paths = {"lake_root": str(lake), "warehouse_path": str(warehouse)}
     with SandboxServer(SandboxConfig(seed=3, scale=0.05)) as srv:
-        env = {
-            **srv.env(),
-            "CLINICAL_RATE_LIMIT": "200",
-            "CLINICAL_BURST": "50",
-            "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
-        }
-        with DagsterInstance.ephemeral() as instance:
-            assert sync(
-                env,
-                lake_root=str(lake),
-                warehouse_path=str(warehouse),
-                only=["Patients"],
-                instance=instance,
-                log_level="WARNING",
-            ).success
+        env = _env(srv, tmp_path)
         srv.configure(error_rate=0.1, drop_rate=0.03, throttle_rate=0.03)
-        report = sync_documents(
-            settings_for(srv, tmp_path),
-            lake_root=lake,
-            warehouse_path=warehouse,
-            run_id=uuid.uuid4().hex,
-            options=DocumentsOptions(download_content=True),
-        )
+        with DagsterInstance.ephemeral() as instance:
+            report = sync_documents(
+                env, content=True, instance=instance, log_level="WARNING", **paths
+            )
+        assert report.success, report.failure
         injected = sum(v for k, v in srv.stats().items() if k.startswith("injected_"))
-        assert injected > 0 and report.requests_spent > report.requests_expected
+        assert injected > 0
         assert table_rows(warehouse) == truth_rows(srv)
-        assert report.content is not None
-        assert report.content.downloaded == len(truth_rows(srv)) == report.live_documents
+        assert report.figures["content_downloaded"] == len(truth_rows(srv))
     store = content_store(lake)
     assert list((store.root / "_tmp").iterdir()) == []
     with duckdb.connect(str(warehouse), read_only=True) as con:

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 from dagster import DagsterInstance
 
-from connectors.clinical_records.catalogue import ENTITY_SETS
+from connectors.clinical_records.catalogue import ALL_ENTITIES, ENTITY_SETS
 from connectors.sandbox.server import SandboxServer
 from tests.warehouse_records import contents
 from warehouse.publish import working_path
@@ -65,7 +65,9 @@ def test_sync_then_status(sandbox, operator_env, tmp_path):
         run_id, entities, started = con.execute(
             'SELECT "run_id", "entities", epoch("started_at") FROM "ops"."sync_runs"'
         ).fetchone()
-    assert sorted(entities) == sorted(e.name for e in ENTITY_SETS)  # one row for the run
+    assert sorted(entities) == sorted(
+        e.name for e in ALL_ENTITIES
+    )  # one row for the run, documents too
     with DagsterInstance.from_config(operator_env["DAGSTER_HOME"]) as instance:
         record = instance.get_run_record_by_id(run_id)
     assert abs(started - record.start_time) < 0.01  # the run's start, not its first load's

@@ -13,6 +13,7 @@ from dagster import AssetCheckKey, AssetKey, EnvVar
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
 from pipelines.checks import FRESH_WITHIN, MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
+from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,14 +43,15 @@ def test_one_extraction_and_one_table_per_entity_set_and_the_models():
     assert expected <= keys
     models = {k for k in keys if k.path[0] == "analytics"}
     assert AssetKey(["analytics", "prescription_claims"]) in models
-    assert keys == expected | models | {table_key(DOCUMENTS), PUBLISHED_KEY}
+    documents = {lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY}
+    assert keys == expected | models | documents | {PUBLISHED_KEY}
     # Published once everything that writes the warehouse has committed.
     assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY}
     node = graph.get(AssetKey(["analytics", "prescription_claims"]))
     assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
         node.parent_keys
     )
-    for entity in ENTITY_SETS:
+    for entity in (*ENTITY_SETS, DOCUMENTS):
         assert graph.get(table_key(entity)).parent_keys == {lake_key(entity)}
 
 

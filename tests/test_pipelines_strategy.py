@@ -11,6 +11,7 @@ from connectors.clinical_records.catalogue import (
     APPOINTMENTS,
     BRANCHES,
     CLAIMS,
+    DOCUMENTS,
     ENTITY_SETS,
     INSURANCE_VERIFICATIONS,
     PATIENTS,
@@ -50,19 +51,38 @@ def test_date_cursor_rereads_the_whole_last_date():
 
 
 def test_created_cursor_on_a_plain_string_field_uses_the_sources_text_form():
-    p = plan(PRESCRIPTIONS, RECENT, Options(lookback=timedelta(0)), NOW)
+    p = plan(PRESCRIPTIONS, RECENT, Options(lookback=timedelta(0), exact=False), NOW)
     assert p.mode is Mode.INCREMENTAL
     assert render(p) == "created_at ge '2026-11-19T22:30:00Z'"
 
 
 @pytest.mark.parametrize("entity", [PATIENTS, PRESCRIPTIONS, INSURANCE_VERIFICATIONS])
-def test_periodic_snapshot_follows_the_cadence(entity):
+def test_periodic_snapshot_follows_the_cadence_when_exactness_is_off(entity):
     every = timedelta(days=7)
+    cadence = Options(snapshot_every=every, exact=False)
     due = SyncState(RECENT.watermark, last_snapshot_at=NOW - every)
-    assert plan(entity, due, Options(snapshot_every=every), NOW).mode is Mode.SNAPSHOT
+    assert plan(entity, due, cadence, NOW).mode is Mode.SNAPSHOT
     not_due = SyncState(RECENT.watermark, last_snapshot_at=NOW - every + timedelta(hours=1))
     expected = Mode.SKIP if entity.cursor is None else Mode.INCREMENTAL
-    assert plan(entity, not_due, Options(snapshot_every=every), NOW).mode is expected
+    assert plan(entity, not_due, cadence, NOW).mode is expected
+
+
+@pytest.mark.parametrize("entity", ENTITY_SETS)
+def test_exact_runs_read_whole_every_set_blind_to_updates(entity):
+    """By default a set without updated_at is read whole every run (its updates show no
+    other way); a set with it reads from its watermark."""
+    not_due = SyncState(RECENT.watermark, last_snapshot_at=NOW - timedelta(hours=1))
+    p = plan(entity, not_due, Options(), NOW)
+    if entity.sees_updates and entity.strategy is not Strategy.SNAPSHOT:
+        assert p.mode is Mode.INCREMENTAL, entity.name
+    else:
+        assert p.mode is Mode.SNAPSHOT, entity.name
+
+
+def test_documents_ride_whole_and_have_no_backfill():
+    assert plan(DOCUMENTS, RECENT, Options(), NOW).mode is Mode.SNAPSHOT
+    backfill = Options(backfill_from=date(2026, 10, 1), backfill_to=date(2026, 10, 3))
+    assert plan(DOCUMENTS, RECENT, backfill, NOW).mode is Mode.SKIP
 
 
 def test_small_sets_snapshot_every_run_and_full_forces_snapshots():

@@ -129,6 +129,9 @@ class EntitySet:
     navigations: tuple[Navigation, ...] = ()
     key: str = "id"
     contained_in: str | None = None  # Documents live under /Patients({id})/Documents
+    # Navigations whose records ride in this set's pages (`$expand` with a nested `$count`):
+    # one request carries a hundred parents and all their children (docs/ARCHITECTURE.md).
+    packs: tuple[str, ...] = ()
 
     @cached_property
     def by_name(self) -> dict[str, Field]:
@@ -261,6 +264,7 @@ PATIENTS = EntitySet(
         nav("Appointments", "Appointments", "id", "patient_id", many=True),
         nav("Documents", "Documents", "id", "patient_id", many=True, contained=True),
     ),
+    packs=("Appointments", "Documents"),
 )
 
 APPOINTMENTS = EntitySet(
@@ -478,6 +482,7 @@ PRESCRIPTIONS = EntitySet(
         nav("Claims", "Claims", "id", "prescription_id", many=True),
         nav("InsuranceVerifications", "InsuranceVerifications", "id", "prescription_id", many=True),
     ),
+    packs=("Claims", "InsuranceVerifications"),
 )
 
 CLAIMS = EntitySet(
@@ -591,6 +596,19 @@ NUMERIC_KEYS: frozenset[str] = frozenset(
 BY_NAME: dict[str, EntitySet] = {e.name: e for e in ENTITY_SETS}
 ALL_BY_NAME: dict[str, EntitySet] = {e.name: e for e in ALL_ENTITIES}
 BY_TABLE: dict[str, EntitySet] = {e.table: e for e in ALL_ENTITIES}
+
+# Child set -> (the parent whose pages carry it, the navigation that reaches it).
+RIDES_WITH: dict[str, tuple[EntitySet, Navigation]] = {
+    parent.navigation[name].target: (parent, parent.navigation[name])
+    for parent in ENTITY_SETS
+    for name in parent.packs
+}
+# One extraction per family: a set and the sets that ride in its pages, in spec order.
+FAMILIES: tuple[tuple[EntitySet, ...], ...] = tuple(
+    (root, *(ALL_BY_NAME[root.navigation[name].target] for name in root.packs))
+    for root in ENTITY_SETS
+    if root.name not in RIDES_WITH
+)
 
 # Spec 4.3: accepted document types, and the upload size limit of spec 8.
 ACCEPTED_DOCUMENT_TYPES: dict[str, str] = {
