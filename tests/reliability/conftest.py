@@ -19,7 +19,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet, Strategy
+from connectors.clinical_records.catalogue import ALL_ENTITIES, ENTITY_SETS, EntitySet, Strategy
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport
@@ -306,7 +306,7 @@ def assert_lake_sound(target: Target) -> None:
     """Every data file reads; no batch is loaded twice; nothing under `_tmp/` counts."""
     lake = Lake(target.lake)
     batch_ids = []
-    for ent in ENTITY_SETS:
+    for ent in ALL_ENTITIES:
         for path in lake.files(ent):
             table, info = lake.read(path)  # raises on a corrupt file
             assert table.num_rows == info.rows, path
