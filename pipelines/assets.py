@@ -8,7 +8,10 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
@@ -34,6 +37,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
+from pipelines.budget import allot, costs_of, needs_whole, parse_budget, staleness_hours
 from pipelines.documents_asset import patient_document_content
 from pipelines.extract import Extraction
 from pipelines.keys import (
@@ -61,8 +65,15 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.service_memory import ServiceMemory
-from pipelines.state import LOCK_WAIT_SECONDS, read_held_keys, read_parents, read_state
-from pipelines.strategy import Mode, Plan, plan
+from pipelines.state import (
+    LOCK_WAIT_SECONDS,
+    last_read_whole,
+    read_held_keys,
+    read_parents,
+    read_sizes,
+    read_state,
+)
+from pipelines.strategy import Mode, Options, Plan, plan
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
@@ -185,7 +196,7 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
     ) -> Iterator[Output[Extraction]]:
         settings = clinical_api.settings()
         working = warehouse.working()
-        options = sync_options.options()
+        options = _within_budget(context, sync_options, settings.rate_limit, working)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
         inputs = {}
         for e in chosen:
@@ -214,6 +225,30 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
             )
 
     return extract_family_assets
+
+
+def _within_budget(
+    context: Any, sync_options: SyncOptionsResource, rate: float, working: str
+) -> Options:
+    """The run's options; under a nightly budget, with the sets read whole this run."""
+    options = sync_options.options()
+    budget = parse_budget(sync_options.nightly_budget, rate)
+    if budget is None or not options.exact or options.full or options.backfill:
+        return options
+    rows, whole = read_sizes(working)
+    started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
+    costs = costs_of(ALL_ENTITIES, rows, whole)
+    chosen = allot(costs, budget, started)
+    waiting = [
+        f"{c.entity.name} ({staleness_hours(c.last_whole, started):g} h stale)"
+        for c in costs
+        if needs_whole(c.entity) and c.entity.name not in chosen
+    ]
+    context.log.info(
+        f"nightly budget {budget} requests: read whole "
+        f"{', '.join(sorted(chosen)) or 'none'}; waiting: {', '.join(waiting) or 'none'}"
+    )
+    return replace(options, read_whole=chosen)
 
 
 def _how(entity: EntitySet) -> str:
@@ -275,6 +310,12 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
             )
+            if needs_whole(entity):
+                hours = staleness_hours(last_read_whole(wh.con, entity), datetime.now(UTC))
+                stale = {"source_staleness_hours": -1.0 if math.isinf(hours) else hours}
+                results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
+            else:
+                stale = {"source_staleness_hours": 0.0}
             rows = checks.live_rows(wh.con, entity)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
@@ -283,6 +324,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
                 **extraction.reconciliation.figures(),
+                **stale,
                 "watermark": watermark or "",
                 "lake_files_written": len(extraction.files),
                 "live_rows": rows,

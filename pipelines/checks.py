@@ -26,6 +26,7 @@ from dagster import (
 )
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
+from pipelines.budget import needs_whole
 from pipelines.keys import table_key
 from pipelines.reconcile import Reconciliation
 from pipelines.resources import WarehouseResource
@@ -39,6 +40,7 @@ UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
 REJECTS = "no_rejects"
 RECONCILED = "reconciled_with_source"
+STALENESS = "read_whole_recently"
 FRESH_WITHIN = timedelta(hours=26)
 
 
@@ -53,6 +55,20 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             description="After a snapshot, live rows equal the source's @odata.count",
         ),
         AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
+        *(
+            [
+                AssetCheckSpec(
+                    STALENESS,
+                    asset=key,
+                    description=(
+                        "A set without updated_at was read whole recently (warns past "
+                        "staleness_warn_hours; a nightly budget reads the stalest first)"
+                    ),
+                )
+            ]
+            if needs_whole(entity)
+            else []
+        ),
         AssetCheckSpec(
             RECONCILED,
             asset=key,
@@ -63,6 +79,24 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             ),
         ),
     ]
+
+
+def staleness_result(hours: float, threshold: float) -> AssetCheckResult:
+    """Warns when the set's updates may be older than `threshold` hours."""
+    return AssetCheckResult(
+        check_name=STALENESS,
+        passed=hours <= threshold,
+        severity=AssetCheckSeverity.WARN,
+        description=(
+            f"last read whole {hours:g} hours ago (warns past {threshold:g})"
+            if hours != float("inf")
+            else "never read whole"
+        ),
+        metadata={
+            "source_staleness_hours": -1.0 if hours == float("inf") else hours,
+            "threshold_hours": threshold,
+        },
+    )
 
 
 def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetCheckResult:

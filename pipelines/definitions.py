@@ -23,6 +23,7 @@ from dagster import (
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
+from pipelines.budget import BUDGET_VARIABLE
 from pipelines.checks import with_freshness
 from pipelines.documents_asset import patient_document_content
 from pipelines.keys import (
@@ -78,7 +79,7 @@ def resources() -> dict[str, object]:
         "warehouse": WarehouseResource(
             path=os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
         ),
-        "sync_options": SyncOptionsResource(),
+        "sync_options": SyncOptionsResource(nightly_budget=os.environ.get(BUDGET_VARIABLE) or None),
     }
 
 

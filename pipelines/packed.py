@@ -112,6 +112,7 @@ class Rider:
     short: list[Any] = field(default_factory=list)  # parents whose children did not all come
     fetched: int = 0
     keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
+    no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
     choice: str = ""
 
     def take(self, records: list[dict]) -> None:
@@ -121,7 +122,13 @@ class Rider:
             self.reconciler.read(records)
         self.fetched += len(records)
         numeric = self.entity.key_field.type is Edm.INT32
-        self.keys.update(record_key(r.get(self.entity.key), numeric) for r in records)
+        for record in records:
+            key = record_key(record.get(self.entity.key), numeric)
+            self.keys.add(key)
+            if record.get(self.nav.remote) is None:
+                self.no_parent.add(key)
+            else:
+                self.no_parent.discard(key)
 
 
 def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
@@ -358,7 +365,10 @@ def _complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any
     known, gone = [], []
     for k, parent in rider.input.parents.items():
         key = record_key(k if numeric else str(k), numeric)
-        if key is None or parent is None:
+        if key is None:
+            continue
+        if parent is None:
+            rider.no_parent.add(key)
             continue
         (gone if _canonical(parent) in read_whole else known).append(key)
     if plan.mode is Mode.SNAPSHOT:
@@ -389,6 +399,7 @@ def _complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any
         rider.take(_all(client, entity, cursor_filter(plan)))
         rider.choice = f"{plan.reason}, and with its parents; {len(rider.short)} parents read alone"
         known = []  # their writes come by cursor; a delete among them shows in the count
+        _settle_no_parent(rider, client, reconciler)
     for parent in rider.short:
         rider.take(_all(client, entity, F(remote) == parent))
     known = [k for k in known if k not in rider.keys]
@@ -403,6 +414,20 @@ def _complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any
     rider.writer.finish(reconciler.deleted_keys())
     _fill(result, rider.writer, rider.fetched)
     return result
+
+
+def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconciler) -> None:
+    """An increment's children with a null reference, held or just read: one count tells
+    whether any was deleted; only then are they read again (by filter) to find which."""
+    entity, remote = rider.entity, rider.nav.remote
+    expected = set(rider.no_parent)
+    if client.count(entity, F(remote) == None) == len(expected):  # noqa: E711
+        return
+    records = _all(client, entity, F(remote) == None)  # noqa: E711
+    numeric = entity.key_field.type is Edm.INT32
+    there = {record_key(r.get(entity.key), numeric) for r in records}
+    rider.take(records)
+    reconciler.forget(expected - there)
 
 
 def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:

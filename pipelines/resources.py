@@ -114,6 +114,17 @@ class SyncOptionsResource(ConfigurableResource):
             "so that every run ends equal to the source; off, they wait for the snapshot cadence"
         ),
     )
+    nightly_budget: str | None = ConfigField(
+        default=None,
+        description=(
+            "Requests (1500) or minutes at the rate (30m) a nightly run may spend; the sets "
+            "without updated_at are then read whole stalest first (CLINICAL_NIGHTLY_BUDGET)"
+        ),
+    )
+    staleness_warn_hours: float = ConfigField(
+        default=26.0,
+        description="Warn when a set without updated_at was last read whole longer ago",
+    )
     force_source: bool = ConfigField(
         default=False,
         description="Adopt a new service or customer for this warehouse and lake (sync --force)",

@@ -26,6 +26,7 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines.assets import build_reference_checks, build_sync_assets
+from pipelines.budget import BUDGET_VARIABLE, parse_budget
 from pipelines.documents_asset import CONTENT_KEY, patient_document_content
 from pipelines.keys import (
     BACKFILL_JOB,
@@ -140,6 +141,7 @@ def resources_from_env(
 ) -> dict[str, object]:
     """Resources for an in-process run; the environment is validated first (ConfigError)."""
     settings = Settings.from_env(env)
+    parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)  # a bad value fails now
     return {
         "clinical_api": ClinicalApiResource(
             base_url=settings.base_url,
@@ -154,7 +156,9 @@ def resources_from_env(
         ),
         "lake": LakeResource(root=str(lake_root)),
         "warehouse": WarehouseResource(path=str(warehouse_path)),
-        "sync_options": SyncOptionsResource(**options),  # type: ignore[arg-type]
+        "sync_options": SyncOptionsResource(
+            **{"nightly_budget": env.get(BUDGET_VARIABLE) or None, **options}  # type: ignore[arg-type]
+        ),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
 from pipelines.reconcile import held_from
 from pipelines.strategy import SyncState
 from warehouse.ddl import CLINICAL
@@ -81,3 +81,35 @@ def read_parents(warehouse_path: str | Path, entity: EntitySet, reference: str) 
         except duckdb.CatalogException:
             return {}
     return dict(rows)
+
+
+def read_sizes(warehouse_path: str | Path) -> tuple[dict[str, int], dict[str, datetime | None]]:
+    """Per set, the live rows and when it was last read whole: what the nightly budget
+    weighs (pipelines/budget.py). Empty before the first sync."""
+    rows: dict[str, int] = {}
+    whole: dict[str, datetime | None] = {}
+    if not Path(warehouse_path).exists():
+        return rows, whole
+    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+        for entity in ALL_ENTITIES:
+            table = qualified(CLINICAL, entity.table)
+            try:
+                (rows[entity.name],) = wh.con.execute(
+                    f'SELECT count(*) FROM {table} WHERE "_deleted_at" IS NULL'
+                ).fetchone()
+            except duckdb.CatalogException:
+                continue
+        try:
+            stored = wh.con.execute('SELECT "entity", "last_snapshot_at" FROM "ops"."sync_state"')
+            whole = {name: _utc(at) for name, at in stored.fetchall()}
+        except duckdb.CatalogException:
+            pass
+    return rows, whole
+
+
+def last_read_whole(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
+    """When `entity` was last read whole (its last snapshot), on an open connection."""
+    row = con.execute(
+        'SELECT "last_snapshot_at" FROM "ops"."sync_state" WHERE "entity" = ?', [entity.name]
+    ).fetchone()
+    return _utc(row[0]) if row else None

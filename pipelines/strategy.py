@@ -43,6 +43,13 @@ class Options:
     # Exact every run: a set whose records carry no `updated_at` is read whole every run (its
     # updates and deletes show no other way); off, such sets wait for the snapshot cadence.
     exact: bool = True
+    # Under a nightly budget, the sets without updated_at that this run reads whole
+    # (pipelines/budget.py); None: all of them.
+    read_whole: frozenset[str] | None = None
+
+    def whole(self, entity: EntitySet) -> bool:
+        """Read `entity` (no updated_at) whole this run to keep it exact?"""
+        return self.exact and (self.read_whole is None or entity.name in self.read_whole)
 
     @property
     def backfill(self) -> bool:
@@ -90,10 +97,15 @@ def _snapshot_due(state: SyncState, options: Options, now: datetime) -> bool:
     return last is None or now - last >= options.snapshot_every
 
 
-def _plan_cursor(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+def _plan_cursor(
+    entity: EntitySet, state: SyncState, options: Options, now: datetime, over_budget: bool = False
+) -> Plan:
     assert state.watermark is not None
     since = _since(entity, state.watermark, options.lookback)
-    return Plan(entity, Mode.INCREMENTAL, f"{entity.cursor} ge {since.isoformat()}", since)
+    reason = f"{entity.cursor} ge {since.isoformat()}"
+    if over_budget:
+        reason = f"{OVER_BUDGET}; {reason}"
+    return Plan(entity, Mode.INCREMENTAL, reason, since)
 
 
 def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
@@ -101,16 +113,20 @@ def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: d
 
 
 def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
-    if options.exact:
+    if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
+    if options.exact:  # over the nightly budget: new rows only, updates wait
+        return _plan_cursor(entity, state, options, now, over_budget=True)
     if _snapshot_due(state, options, now):
         return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due (catches updates and deletes)")
     return _plan_cursor(entity, state, options, now)
 
 
 def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
-    if options.exact:
+    if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
+    if options.exact:
+        return Plan(entity, Mode.SKIP, OVER_BUDGET)
     if _snapshot_due(state, options, now):
         return Plan(entity, Mode.SNAPSHOT, "periodic snapshot due")
     assert state.last_snapshot_at is not None
@@ -119,10 +135,13 @@ def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: d
 
 
 def _plan_per_patient(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    if options.read_whole is not None and entity.name not in options.read_whole:
+        return Plan(entity, Mode.SKIP, OVER_BUDGET)
     return Plan(entity, Mode.SNAPSHOT, "listed whole in the patients' pages ($expand)")
 
 
 EXACT_REASON = "no updated_at: read whole every run to stay exact"
+OVER_BUDGET = "over the nightly budget: staler sets were read first"
 
 PLANNERS: dict[Strategy, Callable[[EntitySet, SyncState, Options, datetime], Plan]] = {
     Strategy.CURSOR: _plan_cursor,

@@ -1,0 +1,106 @@
+"""The nightly budget: parsed with a clear error, the stalest sets read whole first, and a
+run over budget says how stale each set is (metadata and a warning check)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from dagster import DagsterInstance
+
+from connectors.clinical_records.catalogue import (
+    ALL_ENTITIES,
+    DOCUMENTS,
+    INSURANCE_VERIFICATIONS,
+    PATIENTS,
+    PRESCRIPTIONS,
+)
+from connectors.clinical_records.errors import ConfigError
+from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.server import SandboxServer
+from pipelines.budget import SetCost, allot, costs_of, parse_budget, reserve, staleness_hours
+from pipelines.checks import STALENESS
+from pipelines.runner import sync
+
+NOW = datetime(2026, 11, 25, 2, 0, tzinfo=UTC)
+
+
+def test_budget_is_requests_or_minutes_at_the_rate():
+    assert parse_budget(None, 2.0) is None and parse_budget(" ", 2.0) is None
+    assert parse_budget("1500", 2.0) == 1500
+    assert parse_budget("30m", 2.0) == 3600 and parse_budget("1.5 min", 4.0) == 360
+    for bad in ("lots", "-5", "0", "10h"):
+        with pytest.raises(ConfigError, match="CLINICAL_NIGHTLY_BUDGET"):
+            parse_budget(bad, 2.0)
+
+
+def costs(last: dict[str, datetime | None], rows: int = 2000) -> list[SetCost]:
+    return [SetCost(e, rows, last.get(e.name, NOW - timedelta(days=1))) for e in ALL_ENTITIES]
+
+
+def test_the_stalest_sets_are_read_whole_first_and_children_ride_free():
+    last = {
+        PATIENTS.name: NOW - timedelta(days=3),
+        PRESCRIPTIONS.name: NOW - timedelta(days=1),
+        INSURANCE_VERIFICATIONS.name: NOW - timedelta(days=2),
+        DOCUMENTS.name: NOW - timedelta(days=3),
+    }
+    everything = costs(last)
+    one_set = reserve(everything) + 2000 // 100 + 3
+    chosen = allot(everything, one_set, NOW)
+    # Patients is stalest and fits; its documents ride in its pages at no cost.
+    assert chosen == {PATIENTS.name, DOCUMENTS.name}
+    # With room for two: Prescriptions next (InsuranceVerifications then ride free).
+    both = allot(everything, one_set + 23, NOW)
+    assert both == {PATIENTS.name, DOCUMENTS.name, PRESCRIPTIONS.name, INSURANCE_VERIFICATIONS.name}
+    assert allot(everything, 0, NOW) == frozenset()
+
+
+def test_a_set_this_run_already_read_whole_keeps_its_place():
+    """Steps of one run decide alone: a set that an earlier step read whole (its last read is
+    after the run began) is counted first, so a later step cannot spend its share twice."""
+    started = NOW - timedelta(minutes=5)
+    last = {PRESCRIPTIONS.name: NOW, PATIENTS.name: NOW - timedelta(days=9)}
+    everything = costs(last)
+    one_set = reserve(everything) + 2000 // 100 + 3
+    assert PRESCRIPTIONS.name in allot(everything, one_set, started)
+    assert PATIENTS.name not in allot(everything, one_set, started)
+
+
+def test_staleness_in_hours():
+    assert staleness_hours(NOW - timedelta(hours=30), NOW) == 30.0
+    assert staleness_hours(None, NOW) == float("inf")
+
+
+@pytest.mark.e2e
+def test_a_nightly_run_over_budget_reads_the_stalest_and_says_how_stale(tmp_path):
+    paths = {"lake_root": str(tmp_path / "lake"), "warehouse_path": str(tmp_path / "w.duckdb")}
+    with SandboxServer(SandboxConfig(seed=11, scale=0.2)) as srv, DagsterInstance.ephemeral() as i:
+        env = {
+            **srv.env(),
+            "CLINICAL_RATE_LIMIT": "500",
+            "CLINICAL_BURST": "100",
+            "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
+        }
+        assert sync(env, instance=i, full=True, **paths).success
+        # Room for the increments and small sets, and for one of the two big blind sets.
+        sized = costs_of(ALL_ENTITIES, srv.store.counts(), {})
+        pages = {c.entity.name: c.pages for c in sized}
+        room = reserve(sized) + max(pages[PATIENTS.name], pages[PRESCRIPTIONS.name])
+        tight = {**env, "CLINICAL_NIGHTLY_BUDGET": str(room)}
+        first = sync(tight, instance=i, **paths)
+        assert first.success, first.failure
+        modes = {n: str(f["mode"]) for n, f in first.entities.items()}
+        whole = {n for n in (PATIENTS.name, PRESCRIPTIONS.name) if modes[n] == "snapshot"}
+        assert len(whole) == 1, modes
+        waiting = ({PATIENTS.name, PRESCRIPTIONS.name} - whole).pop()
+        assert modes[waiting] == "incremental"
+        assert float(first.entities[waiting]["source_staleness_hours"]) >= 0
+        assert float(first.entities[next(iter(whole))]["source_staleness_hours"]) < 0.1
+        stale = [c for c in first.checks if c.name == STALENESS]
+        assert stale and all(c.severity == "WARN" for c in stale)
+        # The next run reads the one that waited: the stalest first.
+        second = sync(tight, instance=i, **paths)
+        assert str(second.entities[waiting]["mode"]) == "snapshot", second.entities
+    with pytest.raises(ConfigError, match="CLINICAL_NIGHTLY_BUDGET"):
+        sync({**env, "CLINICAL_NIGHTLY_BUDGET": "plenty"}, **paths)
