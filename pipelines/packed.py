@@ -193,6 +193,11 @@ def extract_family(
     for name, result in results.items():
         if name in meter.spent:
             result.stats = meter.spent[name]
+    spent = {n: int(v.get("requests", 0)) for n, v in meter.spent.items()}
+    say.info(
+        f"{root.name} and its family: {sum(spent.values())} requests "
+        f"({', '.join(f'{n} {k}' for n, k in spent.items())})"
+    )
     return results
 
 
@@ -231,7 +236,9 @@ def _packed_read(
     for r in riders:
         if r.reconciler:
             meter.charge(r.entity.name, lambda r=r: r.reconciler.begin(counted=True))
-    _announce(root, root_input, riders, say)
+    _announce(
+        root, root_input, root_reconciler.started_total if root_reconciler else None, riders, say
+    )
 
     select = None if root_input is not None else [root.key]
     filter_ = cursor_filter(root_input.plan) if root_input is not None else None
@@ -308,19 +315,34 @@ def _rider(
     return Rider(child, nav, child_input, writer, reconciler)
 
 
-def _announce(root: EntitySet, root_input: SetInput | None, riders: list[Rider], say: Any) -> None:
-    """The plan, before the first page: what rides with whom."""
+def _announce(
+    root: EntitySet,
+    root_input: SetInput | None,
+    root_total: int | None,
+    riders: list[Rider],
+    say: Any,
+) -> None:
+    """The plan and its expected cost, before the first page: what rides with whom."""
     carried = ", ".join(f"{r.entity.name} ({r.input.plan.mode.value})" for r in riders)
     if root_input is not None:
         head = f"{root.name}: {root_input.plan.mode.value} ({root_input.plan.reason})"
     else:
         head = f"{root.name}: keys only, to carry its children"
-    total = next((r.reconciler.started_total for r in riders if r.reconciler), None)
-    say.info(
-        head
-        + (f"; its pages carry {carried}" if carried else "")
-        + (f" ({total} {riders[0].entity.name} at the source)" if total is not None else "")
-    )
+    line = head + (f"; its pages carry {carried}" if carried else "")
+    if root_total is not None:
+        expected = math.ceil(root_total / PAGE_SIZE) + 2 + sum(_expected(r) for r in riders)
+        line += f"; about {expected} requests expected"
+    say.info(line)
+
+
+def _expected(rider: Rider) -> int:
+    """A rider's own requests, as its last run left it: the children no parent reached."""
+    if rider.reconciler is None:
+        return 0
+    no_parent = sum(1 for parent in rider.input.parents.values() if parent is None)
+    if rider.input.plan.mode is Mode.INCREMENTAL:
+        return 4  # the increment's page, the null count, the probe
+    return 3 + math.ceil(no_parent / PAGE_SIZE)
 
 
 def _unpack(rider: Rider, record: dict, parent: Any) -> None:
