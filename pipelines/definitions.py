@@ -64,7 +64,7 @@ def timezone() -> str:
 
 
 def resources() -> dict[str, object]:
-    """Secrets as EnvVar (read at launch, never shown); paths default as DESIGN.md says."""
+    """Secrets as EnvVar (read at launch, never shown); paths from pipelines/home.py."""
     return {
         "clinical_api": ClinicalApiResource(
             base_url=EnvVar("CLINICAL_API_BASE_URL"),

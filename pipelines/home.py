@@ -1,10 +1,11 @@
 """Where things are kept: DAGSTER_HOME, the lake and the warehouse. The one module that reads
 WAREHOUSE_PATH, LAKE_ROOT and DAGSTER_HOME from the environment; everyone else asks it.
 
-The defaults are DESIGN.md's (`data/...` under the working directory); the environment
-overrides them. Each warehouse has its own Dagster home (run history, schedules, logs) beside
-it, `<warehouse without .duckdb>.dagster/`, unless DAGSTER_HOME says otherwise: the runs of
-one warehouse never mix into another's plots. A home gets the repository's `dagster.yaml`.
+The defaults are `data/...` under the working directory (docs/ARCHITECTURE.md,
+Configuration); the environment overrides them. Each warehouse has its own Dagster home (run
+history, schedules, logs) beside it, `<warehouse without .duckdb>.dagster/`, unless
+DAGSTER_HOME says otherwise: the runs of one warehouse never mix into another's plots. A home
+gets the repository's `dagster.yaml`.
 """
 
 from __future__ import annotations

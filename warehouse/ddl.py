@@ -1,4 +1,5 @@
-"""DDL for every warehouse schema, generated from the catalogue (DESIGN.md, DuckDB schemas).
+"""DDL for every warehouse schema, generated from the catalogue (docs/ARCHITECTURE.md,
+Warehouse schemas).
 
 Each statement is idempotent (`IF NOT EXISTS`, `OR REPLACE`), so `ensure_schema` may run on
 every start. Every table, view and column gets a `COMMENT ON` from the spec's meaning or the
