@@ -66,19 +66,14 @@ class ClinicalApiResource(ConfigurableResource):
     def from_settings(cls, settings: Settings) -> ClinicalApiResource:
         """Every value of validated settings, so that what a caller was given (not only what
         the process environment holds) reaches the client."""
-        tuning = {
-            name: str(value) if isinstance(value, Path) else value
-            for name in TUNING
-            if (value := getattr(settings, name)) is not None
-        }
+        names = ("base_url", "auth_url", "client_id", "client_secret", "api_key", "customer")
+        values = {name: getattr(settings, name) for name in (*names, *TUNING)}
         return cls(
-            base_url=settings.base_url,
-            auth_url=settings.auth_url,
-            client_id=settings.client_id,
-            client_secret=settings.client_secret,
-            api_key=settings.api_key,
-            customer=settings.customer,
-            **tuning,
+            **{
+                name: str(value) if isinstance(value, Path) else value
+                for name, value in values.items()
+                if value is not None
+            }
         )
 
     def settings(self) -> Settings:

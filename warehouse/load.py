@@ -10,11 +10,12 @@ together or not at all.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
+from typing import Concatenate, ParamSpec, TypeVar
 
 import duckdb
 
@@ -28,6 +29,22 @@ from warehouse.ops import EntityStatus, LoadResult
 from warehouse.private import make_private, private_dir
 
 __all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_con(
+    statement: Callable[Concatenate[duckdb.DuckDBPyConnection, P], R],
+) -> Callable[Concatenate[Warehouse, P], R]:
+    """A function of `warehouse.ops` as a method of the open warehouse (same signature)."""
+
+    @functools.wraps(statement)
+    def method(self: Warehouse, *args: P.args, **kwargs: P.kwargs) -> R:
+        return statement(self.con, *args, **kwargs)
+
+    return method
 
 
 class Warehouse:
@@ -110,9 +127,7 @@ class Warehouse:
 
     # -- source, runs, watermarks ------------------------------------------------------
 
-    def source(self) -> tuple[str, str] | None:
-        """The (base_url, customer) the warehouse was built from; None before the first load."""
-        return ops.source(self.con)
+    source = _on_con(ops.source)
 
     def check_source(self, base_url: str, customer: str, force: bool = False) -> None:
         """Record the source on first use; refuse another one unless `force`."""
@@ -127,53 +142,10 @@ class Warehouse:
             with self._transaction():
                 ops.record_source(self.con, base_url, customer)
 
-    def record_run(
-        self,
-        run_id: str,
-        entities: Iterable[str],
-        *,
-        full_snapshot: bool = False,
-        started_at: datetime | None = None,
-    ) -> None:
-        """The run's row; `started_at` is when the run began (default: now)."""
-        ops.record_run(
-            self.con, run_id, entities, full_snapshot=full_snapshot, started_at=started_at
-        )
-
-    def finish_run(
-        self,
-        run_id: str,
-        status: str,
-        results: Mapping[str, LoadResult] | None = None,
-        message: str | None = None,
-    ) -> None:
-        ops.finish_run(self.con, run_id, status, results, message)
-
-    def add_to_run(
-        self,
-        run_id: str,
-        entities: Iterable[str],
-        result: LoadResult,
-        *,
-        full_snapshot: bool = False,
-        reconciled: Mapping[str, int] | None = None,
-        started_at: datetime | None = None,
-    ) -> None:
-        """Add a committed load's figures to its run's row (`ops.add_to_run`)."""
-        ops.add_to_run(
-            self.con,
-            run_id,
-            entities,
-            result,
-            full_snapshot=full_snapshot,
-            reconciled=reconciled,
-            started_at=started_at,
-        )
-
-    def fail_run(self, run_id: str, message: str, started_at: datetime | None = None) -> None:
-        """Mark a run failed, keeping what its finished loads recorded."""
-        with self._transaction():
-            ops.fail_run(self.con, run_id, message, started_at)
+    record_run = _on_con(ops.record_run)
+    finish_run = _on_con(ops.finish_run)
+    add_to_run = _on_con(ops.add_to_run)
+    fail_run = _on_con(ops.fail_run)
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         return ops.watermark(self.con, self.entity(entity).name)

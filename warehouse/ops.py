@@ -1,7 +1,8 @@
 """Every statement over the `ops` schema: runs, sync state, snapshots, batches, rejects,
 source and schema version. The tables themselves are declared in `warehouse/ddl.py`.
 
-Callers own the transaction: a load writes its state with its rows (`Warehouse.load`).
+Callers own the transaction (a load writes its state with its rows, `Warehouse.load`), but
+for `fail_run`, which stands alone. `Warehouse` offers the run functions as its methods.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import datetime
 import duckdb
 
 from connectors.clinical_records.catalogue import EntitySet
+from warehouse.connection import Transaction
 from warehouse.ddl import CLINICAL
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
@@ -164,16 +166,17 @@ def add_to_run(
 
 
 def fail_run(
-    con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None
+    con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None = None
 ) -> None:
     """Mark a run failed, keeping what its finished loads recorded; a run that failed
-    before its first load gets a row of its own."""
-    _ensure_run(con, run_id, [], started_at=started_at)
-    con.execute(
-        'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
-        'WHERE "run_id" = ?',
-        [FAILED, message, run_id],
-    )
+    before its first load gets a row of its own. One transaction of its own."""
+    with Transaction(con):
+        _ensure_run(con, run_id, [], started_at=started_at)
+        con.execute(
+            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
+            'WHERE "run_id" = ?',
+            [FAILED, message, run_id],
+        )
 
 
 def _ensure_run(
