@@ -31,10 +31,10 @@ from pipelines.keys import table_key
 from pipelines.reconcile import Reconciliation
 from pipelines.resources import WarehouseResource
 from pipelines.state import LOCK_WAIT_SECONDS
+from warehouse import ops
 from warehouse.ddl import CLINICAL
 from warehouse.ident import qualified, quote
 from warehouse.load import Warehouse
-from warehouse.normalise import REJECT
 
 UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
@@ -125,14 +125,6 @@ def live_rows(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> int:
     return int(rows)
 
 
-def run_rejects(con: duckdb.DuckDBPyConnection, entity: EntitySet, run_id: str) -> int:
-    (count,) = con.execute(
-        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?',
-        [entity.name, REJECT, run_id],
-    ).fetchone()
-    return int(count)
-
-
 def table_check_results(
     con: duckdb.DuckDBPyConnection,
     entity: EntitySet,
@@ -143,7 +135,7 @@ def table_check_results(
 ) -> list[AssetCheckResult]:
     dupes = duplicate_keys(con, entity)
     live = live_rows(con, entity)
-    rejects = run_rejects(con, entity, run_id)
+    rejects = ops.run_rejects(con, entity.name, run_id)
     if snapshot and source_total is not None:
         # A rejected row is in the source's count but not in the table; ops.rejects has it.
         count = AssetCheckResult(

@@ -201,22 +201,14 @@ PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_documents,
 ]
 
-# Errors an operator fixes in the configuration or the environment: message, exit 2.
-OPERATOR_ERRORS = (
-    "connectors.clinical_records.errors:ConfigError",
-    "warehouse.errors:WarehouseLocked",
-    "warehouse.errors:SourceMismatch",
-)
-
 
 def _operator_errors() -> tuple[type[BaseException], ...]:
-    from importlib import import_module
+    """Errors an operator fixes in the configuration or the environment: message, exit 2.
+    Imported here, not at the top: `clinical-sync --help` stays fast."""
+    from connectors.clinical_records.errors import ConfigError
+    from warehouse.errors import SourceMismatch, WarehouseLocked
 
-    found = []
-    for spec in OPERATOR_ERRORS:
-        module, _, name = spec.partition(":")
-        found.append(getattr(import_module(module), name))
-    return tuple(found)
+    return (ConfigError, WarehouseLocked, SourceMismatch)
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:

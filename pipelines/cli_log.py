@@ -18,21 +18,30 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
+from connectors.clinical_records.errors import (
+    AuthenticationError,
+    ConfigError,
+    RetryExhausted,
+    ServiceUnreachable,
+    Unauthorized,
+    UntrustedCertificate,
+)
 from pipelines import home
+from warehouse.errors import SourceMismatch, WarehouseLocked
 
 # The error class a run failed with -> the one thing to do. The message says why.
-ADVICE: dict[str, str] = {
-    "AuthenticationError": "correct the credentials in the environment or .env, then run again",
-    "Unauthorized": "check that CLINICAL_API_KEY belongs to CLINICAL_CLIENT_ID, then run again",
-    "ServiceUnreachable": (
+ADVICE: dict[type[Exception], str] = {
+    AuthenticationError: "correct the credentials in the environment or .env, then run again",
+    Unauthorized: "check that CLINICAL_API_KEY belongs to CLINICAL_CLIENT_ID, then run again",
+    ServiceUnreachable: (
         "check CLINICAL_AUTH_URL and CLINICAL_API_BASE_URL and that the service is up, "
         "then run again"
     ),
-    "UntrustedCertificate": "set CLINICAL_CA_BUNDLE to the CA's PEM file, then run again",
-    "RetryExhausted": "run again later: the next run resumes from the last committed load",
-    "SourceMismatch": "use another WAREHOUSE_PATH and LAKE_ROOT, or sync --force",
-    "WarehouseLocked": "wait for the other sync to finish, then run again",
-    "ConfigError": "correct the setting named above, then run again",
+    UntrustedCertificate: "set CLINICAL_CA_BUNDLE to the CA's PEM file, then run again",
+    RetryExhausted: "run again later: the next run resumes from the last committed load",
+    SourceMismatch: "use another WAREHOUSE_PATH and LAKE_ROOT, or sync --force",
+    WarehouseLocked: "wait for the other sync to finish, then run again",
+    ConfigError: "correct the setting named above, then run again",
 }
 DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -84,10 +93,17 @@ def write_traceback(error: BaseException, path: Path) -> None:
         out.write("".join(traceback.format_exception(error)))
 
 
+def advice(kind: str | None) -> str:
+    """The advice for the error class named `kind`: a run's error crosses Dagster's process
+    boundary serialized, and keeps only its class's name (`cls_name`)."""
+    found = [text for error, text in ADVICE.items() if error.__name__ == kind]
+    return found[0] if found else DEFAULT_ADVICE
+
+
 def explain(what: str, why: str, kind: str | None, log: Path | None) -> list[str]:
     """The few lines a failure prints: what failed, why, what to do, where the trace is."""
     lines = [f"clinical-sync: {what}", f"  why:  {why}"]
-    lines.append(f"  do:   {ADVICE.get(kind or '', DEFAULT_ADVICE)}")
+    lines.append(f"  do:   {advice(kind)}")
     if log is not None:
         lines.append(f"  log:  {log} (the full trace; --verbose prints it here)")
     return lines

@@ -80,7 +80,7 @@ def status(args: argparse.Namespace) -> int:
 
     path = home.warehouse_path()
     demo = home.demo_warehouse_path()
-    if not os.environ.get("WAREHOUSE_PATH") and not Path(path).exists() and Path(demo).exists():
+    if not home.warehouse_path_chosen() and not Path(path).exists() and Path(demo).exists():
         print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
         path = demo  # what a user who just ran `make demo` wants to see
     try:

@@ -22,6 +22,7 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
+from pipelines import home
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
 from pipelines.budget import BUDGET_VARIABLE
 from pipelines.checks import with_freshness
@@ -36,8 +37,6 @@ from pipelines.keys import (
     table_key,
 )
 from pipelines.resources import (
-    DEFAULT_LAKE_ROOT,
-    DEFAULT_WAREHOUSE_PATH,
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
@@ -65,7 +64,7 @@ def timezone() -> str:
 
 
 def resources() -> dict[str, object]:
-    """Secrets as EnvVar (read at launch, never shown); paths default as DESIGN.md says."""
+    """Secrets as EnvVar (read at launch, never shown); paths from pipelines/home.py."""
     return {
         "clinical_api": ClinicalApiResource(
             base_url=EnvVar("CLINICAL_API_BASE_URL"),
@@ -75,10 +74,8 @@ def resources() -> dict[str, object]:
             api_key=EnvVar("CLINICAL_API_KEY"),
             customer=EnvVar("CLINICAL_CUSTOMER"),
         ),
-        "lake": LakeResource(root=os.environ.get("LAKE_ROOT") or DEFAULT_LAKE_ROOT),
-        "warehouse": WarehouseResource(
-            path=os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
-        ),
+        "lake": LakeResource(root=home.lake_root()),
+        "warehouse": WarehouseResource(path=home.warehouse_path()),
         "sync_options": SyncOptionsResource(nightly_budget=os.environ.get(BUDGET_VARIABLE) or None),
     }
 

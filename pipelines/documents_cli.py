@@ -30,14 +30,6 @@ LIST_COLUMNS = (
     "uploaded_at",
 )
 
-# Error class name -> what to tell the operator (the service's own message follows).
-REFUSALS: dict[str, str] = {
-    "DocumentError": "not sent",
-    "BadRequest": "refused by the service (400 bad request)",
-    "NotFound": "not found (404): no such patient, or no such document of this patient",
-    "PayloadTooLarge": "refused by the service (413: the file exceeds the 25 MB limit)",
-}
-
 
 def _fail(code: int, text: str) -> int:
     print(f"clinical-sync documents: {text}", file=sys.stderr)
@@ -55,6 +47,20 @@ def _documents() -> Iterator[Any]:
         yield DocumentsClient(client)
 
 
+def _refusal(error: BaseException) -> str | None:
+    """What to tell the operator of a refusal (the service's own message follows)."""
+    from connectors.clinical_records.documents import DocumentError
+    from connectors.clinical_records.errors import BadRequest, NotFound, PayloadTooLarge
+
+    refusals: dict[type[BaseException], str] = {
+        DocumentError: "not sent",
+        BadRequest: "refused by the service (400 bad request)",
+        NotFound: "not found (404): no such patient, or no such document of this patient",
+        PayloadTooLarge: "refused by the service (413: the file exceeds the 25 MB limit)",
+    }
+    return refusals.get(type(error))
+
+
 def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn the connector's refusals into a message and exit code 1."""
 
@@ -66,12 +72,11 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         except ConfigError:
             raise
         except ApiError as error:
-            label = REFUSALS.get(type(error).__name__, f"refused by the service ({error.status})")
+            label = _refusal(error) or f"refused by the service ({error.status})"
             detail = ": ".join(p for p in (error.message, error.details) if p)
             return _fail(REFUSED, label + (f": {detail}" if detail else ""))
         except ClinicalApiError as error:
-            label = REFUSALS.get(type(error).__name__, "failed")
-            return _fail(REFUSED, f"{label}: {error}")
+            return _fail(REFUSED, f"{_refusal(error) or 'failed'}: {error}")
 
     return run
 

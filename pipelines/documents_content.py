@@ -20,7 +20,7 @@ from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.errors import NotFound
 from warehouse.content_store import ContentMismatch, ContentStore
 from warehouse.ddl import CLINICAL, OPS
-from warehouse.ident import literal, qualified, quote
+from warehouse.ident import qualified
 
 DOCS_TABLE = qualified(CLINICAL, DOCUMENTS.table)
 
@@ -40,13 +40,10 @@ MANIFEST_TABLE = qualified(OPS, MANIFEST)
 
 
 def manifest_ddl() -> Iterator[str]:
-    """`ops.document_content`, idempotent, with comments (the warehouse DDL lacks it)."""
-    body = ",\n  ".join(f"{quote(c)} {kind}" for c, (kind, _) in MANIFEST_COLUMNS.items())
-    yield f"CREATE SCHEMA IF NOT EXISTS {quote(OPS)}"
-    yield f"CREATE TABLE IF NOT EXISTS {MANIFEST_TABLE} (\n  {body}\n)"
-    yield f"COMMENT ON TABLE {MANIFEST_TABLE} IS {literal(MANIFEST_MEANING)}"
-    for column, (_, meaning) in MANIFEST_COLUMNS.items():
-        yield f"COMMENT ON COLUMN {MANIFEST_TABLE}.{quote(column)} IS {literal(meaning)}"
+    """`ops.document_content`, idempotent: the warehouse DDL's (`ensure_schema` creates it)."""
+    from warehouse.ddl import ops_table
+
+    yield from ops_table(MANIFEST)
 
 
 def content_store(lake_root: str | Path) -> ContentStore:

@@ -1,9 +1,11 @@
-"""Where the operator's commands keep things: DAGSTER_HOME, the lake and the warehouse.
+"""Where things are kept: DAGSTER_HOME, the lake and the warehouse. The one module that reads
+WAREHOUSE_PATH, LAKE_ROOT and DAGSTER_HOME from the environment; everyone else asks it.
 
-The defaults are DESIGN.md's (`data/...` under the working directory); the environment
-overrides them. Each warehouse has its own Dagster home (run history, schedules, logs) beside
-it, `<warehouse without .duckdb>.dagster/`, unless DAGSTER_HOME says otherwise: the runs of
-one warehouse never mix into another's plots. A home gets the repository's `dagster.yaml`.
+The defaults are `data/...` under the working directory (docs/ARCHITECTURE.md,
+Configuration); the environment overrides them. Each warehouse has its own Dagster home (run
+history, schedules, logs) beside it, `<warehouse without .duckdb>.dagster/`, unless
+DAGSTER_HOME says otherwise: the runs of one warehouse never mix into another's plots. A home
+gets the repository's `dagster.yaml`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def lake_root() -> str:
 
 def warehouse_path() -> str:
     return os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
+
+
+def warehouse_path_chosen() -> bool:
+    """Whether WAREHOUSE_PATH is set (else the default, or the demo's, is shown)."""
+    return bool(os.environ.get("WAREHOUSE_PATH"))
 
 
 def demo_warehouse_path() -> str:

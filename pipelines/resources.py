@@ -21,6 +21,19 @@ from warehouse.lake import Lake
 DEFAULT_WAREHOUSE_PATH = "data/warehouse.duckdb"
 DEFAULT_LAKE_ROOT = "data/lake"
 
+# ClinicalApiResource's tuning fields -> the variables they stand for (Settings' names).
+TUNING = {
+    "rate_limit": "CLINICAL_RATE_LIMIT",
+    "burst": "CLINICAL_BURST",
+    "limiter_path": "CLINICAL_LIMITER_PATH",
+    "ca_bundle": "CLINICAL_CA_BUNDLE",
+    "connect_timeout": "CLINICAL_CONNECT_TIMEOUT",
+    "read_timeout": "CLINICAL_READ_TIMEOUT",
+    "max_in_flight": "CLINICAL_MAX_IN_FLIGHT",
+    "max_attempts": "CLINICAL_MAX_ATTEMPTS",
+    "retry_budget_seconds": "CLINICAL_RETRY_BUDGET",
+}
+
 
 class ClinicalApiResource(ConfigurableResource):
     """The Clinical Records API: credentials and limits, validated by the connector's Settings."""
@@ -38,17 +51,37 @@ class ClinicalApiResource(ConfigurableResource):
     limiter_path: str | None = ConfigField(
         default=None, description="Token bucket file shared by processes (CLINICAL_LIMITER_PATH)"
     )
+    ca_bundle: str | None = ConfigField(default=None, description="CLINICAL_CA_BUNDLE")
+    connect_timeout: float | None = ConfigField(
+        default=None, description="CLINICAL_CONNECT_TIMEOUT"
+    )
+    read_timeout: float | None = ConfigField(default=None, description="CLINICAL_READ_TIMEOUT")
+    max_in_flight: int | None = ConfigField(default=None, description="CLINICAL_MAX_IN_FLIGHT")
+    max_attempts: int | None = ConfigField(default=None, description="CLINICAL_MAX_ATTEMPTS")
+    retry_budget_seconds: float | None = ConfigField(
+        default=None, description="CLINICAL_RETRY_BUDGET"
+    )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ClinicalApiResource:
+        """Every value of validated settings, so that what a caller was given (not only what
+        the process environment holds) reaches the client."""
+        names = ("base_url", "auth_url", "client_id", "client_secret", "api_key", "customer")
+        values = {name: getattr(settings, name) for name in (*names, *TUNING)}
+        return cls(
+            **{
+                name: str(value) if isinstance(value, Path) else value
+                for name, value in values.items()
+                if value is not None
+            }
+        )
 
     def settings(self) -> Settings:
-        """Settings from these fields; other tuning variables (CA, timeouts...) from the env."""
+        """Settings from these fields; a tuning value left unset comes from the environment."""
         limits = {
-            name: str(value)
-            for name, value in (
-                ("CLINICAL_RATE_LIMIT", self.rate_limit),
-                ("CLINICAL_BURST", self.burst),
-                ("CLINICAL_LIMITER_PATH", self.limiter_path),
-            )
-            if value is not None
+            variable: str(getattr(self, name))
+            for name, variable in TUNING.items()
+            if getattr(self, name) is not None
         }
         env = {
             **os.environ,

@@ -18,8 +18,8 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from pipelines import home
 from pipelines.liveness import run_started_at
-from pipelines.resources import DEFAULT_WAREHOUSE_PATH
 from pipelines.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
@@ -81,7 +81,7 @@ def first_failure(events) -> str:
     description="Marks runs launched from the UI or the schedule as failed in ops.sync_runs",
 )
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
-    path = os.environ.get("WAREHOUSE_PATH") or DEFAULT_WAREHOUSE_PATH
+    path = home.warehouse_path()
     message = first_failure(context.get_step_failure_events())
     run_id = context.dagster_run.run_id
     mark_failed(path, run_id, message, os.environ, run_started_at(context.instance, run_id))

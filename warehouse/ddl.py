@@ -1,4 +1,5 @@
-"""DDL for every warehouse schema, generated from the catalogue (DESIGN.md, DuckDB schemas).
+"""DDL for every warehouse schema, generated from the catalogue (docs/ARCHITECTURE.md,
+Warehouse schemas).
 
 Each statement is idempotent (`IF NOT EXISTS`, `OR REPLACE`), so `ensure_schema` may run on
 every start. Every table, view and column gets a `COMMENT ON` from the spec's meaning or the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.ident import column_list, literal, qualified, quote
 from warehouse.schema import CLINICAL_META, EXTRAS, HISTORY_META
 
@@ -115,6 +116,18 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "loaded_at": ("TIMESTAMPTZ", "When the snapshot was loaded"),
         },
     ),
+    "document_content": (
+        "Document content held in the content store under <LAKE_ROOT>/_documents",
+        {
+            "document_id": ("VARCHAR", "Document id (clinical.patient_documents.id)"),
+            "patient_id": (DOCUMENTS.field("patient_id").canonical.value, "Owning patient"),
+            "sha256": ("VARCHAR", "sha256 of the content: its file is sha256/<first 2>/<sha256>"),
+            "size": ("BIGINT", "Bytes held, equal to file_size_bytes of the metadata"),
+            "content_type": ("VARCHAR", "MIME type the metadata states"),
+            "stored_at": ("TIMESTAMPTZ", "When the content was stored"),
+            "run_id": ("VARCHAR", "Run that downloaded it"),
+        },
+    ),
     "source": (
         "The service the warehouse was built from; a sync from another source is refused",
         {
@@ -195,3 +208,10 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
         yield from _history_view(entity, f"Every version of {what} seen")
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns)
+
+
+def ops_table(name: str) -> Iterator[str]:
+    """One ops table's statements (its schema first), for a caller that needs it alone."""
+    meaning, columns = OPS_TABLES[name]
+    yield f"CREATE SCHEMA IF NOT EXISTS {quote(OPS)}"
+    yield from _table(OPS, name, meaning, columns)

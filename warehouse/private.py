@@ -1,4 +1,4 @@
-"""Owner-only files and folders, whatever the umask (DESIGN.md, Security).
+"""Owner-only files and folders, whatever the umask (docs/ARCHITECTURE.md, Security).
 
 The warehouse, its working copy, the lake and the Dagster home hold protected health
 information. What this code writes itself is created private here (a mode set explicitly,

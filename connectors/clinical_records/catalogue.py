@@ -36,7 +36,7 @@ SPEC_TYPE_WORDS: dict[str, Edm] = {
 
 
 class Canonical(StrEnum):
-    """Warehouse types (DESIGN.md, canonical types); values are DuckDB type names."""
+    """Warehouse types (docs/ARCHITECTURE.md, Canonical types); values are DuckDB type names."""
 
     VARCHAR = "VARCHAR"
     BIGINT = "BIGINT"
@@ -61,7 +61,7 @@ CANONICAL_BY_EDM: dict[Edm, Canonical] = {
 
 
 class Strategy(StrEnum):
-    """How an entity set is kept in step with the source (DESIGN.md, incremental sync)."""
+    """How an entity set is kept in step with the source (docs/ARCHITECTURE.md, Incremental sync)."""
 
     CURSOR = "cursor"  # `cursor ge watermark - lookback`, merged by key
     CREATED = "created"  # new rows by creation cursor; periodic full snapshot catches updates

@@ -9,17 +9,12 @@ spec's paths.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import mimetypes
-import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +24,7 @@ from connectors.clinical_records import catalogue as cat
 from connectors.sandbox import metadata
 from connectors.sandbox.auth import OAuthError, TokenService
 from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.document_endpoints import DocumentEndpoints
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import ERROR_STATUSES, FaultInjector
 from connectors.sandbox.odata import (
@@ -40,83 +36,32 @@ from connectors.sandbox.odata import (
     shape,
 )
 from connectors.sandbox.ratelimit import RateLimiter, retry_after_header
+from connectors.sandbox.responses import (
+    DroppedResponse,
+    base_url,
+    envelope,
+    error_response,
+    json_response,
+)
+from connectors.sandbox.routes import (
+    API_PREFIX,
+    AUTH_PREFIX,
+    Resource,
+    parse_key,
+    query_options,
+    resolve,
+)
 from connectors.sandbox.store import Store
 
-API_PREFIX = "/api"
-AUTH_PREFIX = "/auth"
 CONTROL_PREFIX = "/_sandbox"
 
-# /X, /X(key), /Patients(key)/Documents, .../Documents(doc), .../Documents(doc)/$value
-RESOURCE_PATH = re.compile(
-    r"^(?P<set>[A-Za-z]+)(?:\((?P<key>[^()/]*)\))?"
-    r"(?:/(?P<docs>Documents)(?:\((?P<doc>[^()/]*)\))?(?P<value>/\$value)?)?$"
-)
-DIRECT_DOCUMENT_PATH = re.compile(r"^document/(?P<doc>[^/]+)$")
-INT_KEY = re.compile(r"-?\d+")
-
-
 log = logging.getLogger("sandbox")
-
-
-class ConnectionDropped(Exception):
-    """Raised mid-response on purpose, so the server closes the connection (a dropped link)."""
-
-
-class _DropLogFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], ConnectionDropped))
-
-
-logging.getLogger("uvicorn.error").addFilter(_DropLogFilter())
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    return Response(payload, status, headers, media_type="application/json; charset=utf-8")
-
-
-def error_response(error: ODataError, headers: dict[str, str] | None = None) -> Response:
-    return json_response(error.body(), error.status, headers)
-
-
-class DroppedResponse(Response):
-    """Promises a body, sends a fragment, then fails: the client sees the connection die."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"4096")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b'{"value":[{"id":', "more_body": True})
-        raise ConnectionDropped
-
-
-@dataclass
-class _ListView:
-    """A TableView over a list already sorted by key (patient documents)."""
-
-    rows: list[dict]
-    keys: list
-
-
-@dataclass(frozen=True)
-class Resource:
-    """What a request path names, and the methods allowed on it."""
-
-    kind: str
-    allowed: tuple[str, ...]
-    entity: cat.EntitySet | None = None
-    key: str | None = None
-    doc: str | None = None
 
 
 Handler = Callable[[Request, Resource], Awaitable[Response]]
 
 
-class Sandbox:
+class Sandbox(DocumentEndpoints):
     """One running service: configuration, data, tokens, limits, faults and request counters."""
 
     def __init__(self, config: SandboxConfig, store: Store | None = None) -> None:
@@ -216,18 +161,14 @@ class Sandbox:
 
     # -- service level ----------------------------------------------------------------------
 
-    @staticmethod
-    def base_url(request: Request) -> str:
-        return f"{request.url.scheme}://{request.url.netloc}{API_PREFIX}"
-
     async def _service_document(self, request: Request, _: Resource) -> Response:
-        return json_response(metadata.service_document(self.base_url(request)))
+        return json_response(metadata.service_document(base_url(request)))
 
     async def _metadata(self, request: Request, _: Resource) -> Response:
         return Response(metadata.edmx(), media_type="application/xml")
 
     async def _openapi(self, request: Request, _: Resource) -> Response:
-        base = self.base_url(request)
+        base = base_url(request)
         auth = f"{request.url.scheme}://{request.url.netloc}{AUTH_PREFIX}"
         return json_response(metadata.openapi(base, auth))
 
@@ -249,7 +190,7 @@ class Sandbox:
                 )
         with self.store.lock:
             page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
-        return json_response(self._envelope(request, entity.name, page.records, page.count))
+        return json_response(envelope(request, entity.name, page.records, page.count))
 
     async def _entity(self, request: Request, resource: Resource) -> Response:
         entity = resource.entity
@@ -261,7 +202,7 @@ class Sandbox:
             if record is None:
                 raise not_found(f"No {entity.type_name} with key {resource.key}.")
             body = shape(record, query, entity, self.store.related)
-        context = f"{self.base_url(request)}/$metadata#{entity.name}/$entity"
+        context = f"{base_url(request)}/$metadata#{entity.name}/$entity"
         return json_response({"@odata.context": context, **body})
 
     def _query(self, request: Request, entity: cat.EntitySet, *, collection: bool = True) -> Query:
@@ -275,99 +216,6 @@ class Sandbox:
         if self.config.expand_cap is not None:
             query = capped(query, self.config.expand_cap)
         return query
-
-    def _envelope(
-        self, request: Request, context: str, records: list[dict], count: int | None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"@odata.context": f"{self.base_url(request)}/$metadata#{context}"}
-        if count is not None:
-            body["@odata.count"] = count
-        body["value"] = records
-        return body
-
-    # -- patient documents ------------------------------------------------------------------
-
-    def _patient_id(self, resource: Resource) -> str:
-        assert resource.key is not None
-        patient_id = str(parse_key(cat.PATIENTS, resource.key))
-        if self.store.table(cat.PATIENTS.name).get(patient_id) is None:
-            raise not_found("Patient not found.")
-        return patient_id
-
-    async def _documents(self, request: Request, resource: Resource) -> Response:
-        patient_id = self._patient_id(resource)
-        if request.method == "POST":
-            return await self._upload(request, patient_id)
-        query = parse_query(query_options(request), cat.DOCUMENTS)
-        if query.expand:
-            raise invalid_query("Documents have no navigation properties to expand.")
-        rows = self.store.documents.list(patient_id)
-        view = _ListView(rows, [r["id"] for r in rows])
-        page = run_collection(query, cat.DOCUMENTS, view, self.store.related)
-        return json_response(self._envelope(request, "Documents", page.records, page.count))
-
-    async def _upload(self, request: Request, patient_id: str) -> Response:
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > cat.MAX_UPLOAD_BYTES + 1024 * 1024:
-            raise too_large()
-        async with request.form(max_files=1, max_fields=10) as form:
-            upload = form.get("file")
-            if not isinstance(upload, UploadFile):
-                raise ODataError(
-                    400, "MissingField", "The form field 'file' is required.", "field: file"
-                )
-            content_type = upload_type(upload)
-            if content_type not in cat.ACCEPTED_DOCUMENT_TYPES:
-                raise ODataError(
-                    400,
-                    "UnsupportedFileType",
-                    "The file type is not accepted.",
-                    f"Accepted: {', '.join(cat.ACCEPTED_DOCUMENT_TYPES.values())}.",
-                )
-            data = await upload.read()
-            if len(data) > cat.MAX_UPLOAD_BYTES:
-                raise too_large()
-            fields = {name: form.get(name) for name in ("document_type", "description")}
-            meta = self.store.documents.add(
-                patient_id=patient_id,
-                file_name=upload.filename or "upload",
-                content_type=content_type,
-                data=data,
-                document_type=_text(fields["document_type"]),
-                description=_text(fields["description"]),
-                uploaded_by_id=SANDBOX_USER_ID,
-            )
-        return json_response(meta, 201)
-
-    async def _document(self, request: Request, resource: Resource) -> Response:
-        patient_id = self._patient_id(resource)
-        assert resource.doc is not None
-        if request.method == "DELETE":
-            if not self.store.documents.delete(patient_id, resource.doc):
-                raise not_found("Document not found.")
-            return Response(status_code=204)
-        found = self.store.documents.get(patient_id, resource.doc)
-        if found is None:
-            raise not_found("Document not found.")
-        context = f"{self.base_url(request)}/$metadata#Documents/$entity"
-        return json_response({"@odata.context": context, **found[0]})
-
-    async def _document_value(self, request: Request, resource: Resource) -> Response:
-        patient_id = self._patient_id(resource)
-        assert resource.doc is not None
-        found = self.store.documents.get(patient_id, resource.doc)
-        if found is None:
-            raise not_found("Document not found.")
-        return _bytes_response(*found)
-
-    async def _direct_document(self, request: Request, resource: Resource) -> Response:
-        if request.query_params:
-            raise invalid_query("/document/{id} accepts no query parameters.")
-        assert resource.doc is not None
-        found = self.store.documents.get_any(resource.doc)
-        if found is None:
-            raise not_found("Document not found.")
-        return _bytes_response(*found)
 
     # -- the token service ------------------------------------------------------------------
 
@@ -430,81 +278,3 @@ class Sandbox:
 async def unrouted(request: Request, exc: Exception) -> Response:
     """No route matched (a decoded newline defeats `{path:path}`): still the spec's 404 body."""
     return error_response(not_found("Resource not found."))
-
-
-SANDBOX_USER_ID = "9001"  # the API client's own user, as the service records uploads
-
-
-def resolve(path: str) -> Resource:
-    """Map a path below {base_url} to a resource, or 404 in the spec's error body."""
-    if path in ("", "/"):
-        return Resource("service", ("GET", "HEAD"))
-    if path == "$metadata":
-        return Resource("metadata", ("GET", "HEAD"))
-    if path == "openapi.json":
-        return Resource("openapi", ("GET", "HEAD"))
-    if direct := DIRECT_DOCUMENT_PATH.match(path):
-        return Resource("direct", ("GET", "HEAD"), doc=direct["doc"])
-    match = RESOURCE_PATH.match(path)
-    entity = cat.BY_NAME.get(match["set"]) if match else None
-    if match is None or entity is None:
-        raise not_found("Resource not found.", f"No resource at path '{path.split('(')[0]}'.")
-    if match["docs"] is None:
-        if match["key"] is None:
-            return Resource("collection", ("GET", "HEAD"), entity)
-        return Resource("entity", ("GET", "HEAD"), entity, match["key"])
-    if entity is not cat.PATIENTS or match["key"] is None:
-        raise not_found("Resource not found.", "Documents belong to a single patient.")
-    if match["doc"] is None:
-        return Resource("documents", ("GET", "HEAD", "POST"), entity, match["key"])
-    kind, allowed = (
-        ("document_value", ("GET", "HEAD"))
-        if match["value"]
-        else ("document", ("GET", "HEAD", "DELETE"))
-    )
-    return Resource(kind, allowed, entity, match["key"], match["doc"])
-
-
-def parse_key(entity: cat.EntitySet, text: str) -> str | int:
-    """Keys are bare (spec 4.2); a quoted string key is accepted as OData writes it."""
-    if entity.key_field.type is cat.Edm.INT32:
-        if not INT_KEY.fullmatch(text):
-            raise ODataError(
-                400, "InvalidKey", f"The key of {entity.name} is a number.", f"Got '{text}'."
-            )
-        return int(text)
-    if len(text) >= 2 and text[0] == text[-1] == "'":
-        return text[1:-1].replace("''", "'")
-    return text
-
-
-def query_options(request: Request) -> dict[str, str]:
-    """The query string as a dict; a system option given twice is refused."""
-    options: dict[str, str] = {}
-    for name, value in request.query_params.multi_items():
-        if name in options and name.startswith("$"):
-            raise invalid_query(f"The query option {name} is given more than once.")
-        options[name] = value
-    return options
-
-
-def upload_type(upload: UploadFile) -> str:
-    declared = (upload.content_type or "").split(";")[0].strip().lower()
-    if declared and declared != "application/octet-stream":
-        return declared
-    guessed, _ = mimetypes.guess_type(upload.filename or "")
-    return guessed or declared
-
-
-def too_large() -> ODataError:
-    return ODataError(
-        413, "PayloadTooLarge", "The file exceeds the 25 MB limit.", "Maximum: 25 MB per document."
-    )
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _bytes_response(meta: dict, data: bytes) -> Response:
-    return Response(data, media_type=meta["content_type"])

@@ -257,7 +257,7 @@ class Comparison:
         return not self.problems
 
 
-# What a run promises about an entity set, by the strategy it synced with (DESIGN.md).
+# What a run promises about an entity set, by the strategy it synced with (docs/ARCHITECTURE.md, Incremental sync).
 PROMISES: dict[Strategy, frozenset[str]] = {
     Strategy.SNAPSHOT: frozenset({"missing", "extra", "values"}),
     Strategy.CURSOR: frozenset({"missing", "values"}),

@@ -67,7 +67,7 @@ def test_full_then_incremental_sync_under_faults_equal_the_source(tmp_path, ledg
         report = target.sync_in_process()
         assert report.entities["Appointments"]["mode"] == "incremental"
         # Snapshot sets equal the source with deletes marked; cursor sets hold every current
-        # record; created-only sets every new one (DESIGN.md, incremental sync).
+        # record; created-only sets every new one (docs/ARCHITECTURE.md, Incremental sync).
         assert_matches(compare(target, exact=False), ledger)
 
         stats = server.control().stats()

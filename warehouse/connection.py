@@ -1,0 +1,115 @@
+"""Opening the DuckDB file: the memory cap, the lock wait, owner-only files, transactions.
+
+DuckDB lets one process write a file and nobody open it meanwhile; a second opener gets an
+IOException naming the holder. Here it waits up to `wait` seconds, then says who holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import duckdb
+
+from connectors.clinical_records.errors import ConfigError
+from warehouse.errors import WarehouseLocked
+from warehouse.private import private_dir
+
+LOCK_WORDS = ("could not set lock", "conflicting lock")
+
+# DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
+# data; under this cap it spills to `<file>.tmp` (private) instead and memory stays flat.
+MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "128MB"
+_MEMORY_LIMIT_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$", re.IGNORECASE)
+
+
+def memory_limit() -> str:
+    """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it; ConfigError names it otherwise."""
+    value = (os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT).strip()
+    if not _MEMORY_LIMIT_RE.match(value):
+        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
+    return value
+
+
+HOLDER_RE = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
+
+def _command(pid: int) -> str | None:
+    """A short name for process `pid` from /proc: the program and the words that say what it
+    runs (`python3.11 -m pipelines.cli sync`), stopping at the first option: options may carry
+    secrets, and `-c` code anything."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    if not args:
+        return None
+    shown = [Path(args[0]).name]
+    for arg in args[1:5]:
+        if arg.startswith("-") and arg != "-m":
+            break
+        shown.append(Path(arg).name if "/" in arg else arg)
+    return " ".join(shown)
+
+
+def lock_holder(message: str) -> str:
+    """Who holds the lock, from DuckDB's error ('... held in <program> (PID n)')."""
+    found = HOLDER_RE.search(message)
+    if found is None:
+        return "another process"
+    pid = int(found["pid"])
+    return f"process {pid} ({_command(pid) or Path(found['program']).name})"
+
+
+def _locked(path: Path, message: str, wait: float) -> WarehouseLocked:
+    waited = f" after waiting {wait:g} s" if wait else ""
+    return WarehouseLocked(
+        f"warehouse {path} is held by {lock_holder(message)}{waited}: DuckDB lets one process "
+        "write a file and nobody open it meanwhile. If that is another sync, let it finish and "
+        "run again; anything else (a notebook, a SQL tool) should open the published "
+        "WAREHOUSE_PATH read-only, never this file: close it there, or stop that process"
+    )
+
+
+def spill_dir(path: Path) -> Path:
+    """Where a writer of `path` spills under the memory cap: `<file>.tmp` beside it."""
+    return path.with_name(path.name + ".tmp")
+
+
+def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.DuckDBPyConnection:
+    """Open the file, turning DuckDB's lock error into `WarehouseLocked` (after `wait` s).
+    A writer spills to `<file>.tmp`, a private folder beside the file."""
+    config: dict[str, str] = {}
+    if not read_only:
+        config["temp_directory"] = str(private_dir(spill_dir(path)))
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only, config=config)
+            con.execute("SET TimeZone = 'UTC'")
+            con.execute(f"SET memory_limit = '{limit}'")
+            con.execute("SET preserve_insertion_order = false")
+            return con
+        except duckdb.IOException as exc:
+            if not any(word in str(exc).lower() for word in LOCK_WORDS):
+                raise
+            if time.monotonic() >= deadline:
+                raise _locked(path, str(exc), wait) from None
+            time.sleep(0.2)
+
+
+class Transaction:
+    """`with Transaction(con):` commits the block's statements together, or none of them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def __enter__(self) -> None:
+        self.con.execute("BEGIN TRANSACTION")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.con.execute("ROLLBACK" if kind else "COMMIT")

@@ -1,0 +1,330 @@
+"""Every statement over the `ops` schema: runs, sync state, snapshots, batches, rejects,
+source and schema version. The tables themselves are declared in `warehouse/ddl.py`.
+
+Callers own the transaction (a load writes its state with its rows, `Warehouse.load`), but
+for `fail_run`, which stands alone. `Warehouse` offers the run functions as its methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from datetime import datetime
+
+import duckdb
+
+from connectors.clinical_records.catalogue import EntitySet
+from warehouse.connection import Transaction
+from warehouse.ddl import CLINICAL
+from warehouse.ident import qualified, quote
+from warehouse.lake import BatchInfo
+from warehouse.normalise import REJECT
+
+SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
+RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
+# What the extractions' reconciliation found and spent, summed per run as well.
+RECONCILE_FIGURES = ("reconciled", "reconcile_requests", "unreconciled")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one load did; `fetched` counts every row the batches hold, rejects included."""
+
+    fetched: int = 0
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    soft_deleted: int = 0
+    resurrected: int = 0
+    rejected: int = 0
+
+    def __add__(self, other: LoadResult) -> LoadResult:
+        return LoadResult(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+@dataclass(frozen=True)
+class EntityStatus:
+    entity: str
+    table: str
+    rows: int
+    deleted: int
+    rejects: int
+    watermark: str | None
+    last_run_id: str | None
+    last_loaded_at: datetime | None
+
+
+# -- schema version ------------------------------------------------------------------------
+
+
+def applied_schema(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The fingerprint of the DDL last applied; None before the first (no ops schema yet)."""
+    try:
+        row = con.execute('SELECT "fingerprint" FROM "ops"."schema_version"').fetchone()
+    except duckdb.CatalogException:
+        return None
+    return row[0] if row else None
+
+
+def record_schema(con: duckdb.DuckDBPyConnection, fingerprint: str) -> None:
+    con.execute('DELETE FROM "ops"."schema_version"')
+    con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
+
+
+def seed_snapshots(con: duckdb.DuckDBPyConnection) -> None:
+    """Warehouses made before `ops.snapshots` know their last snapshot only (from
+    `sync_state`, its run from the batch ledger): it is the one recorded for them."""
+    con.execute(
+        """INSERT INTO "ops"."snapshots"
+           SELECT s."entity",
+                  (SELECT min(b."run_id") FROM "ops"."loaded_batches" AS b
+                   WHERE b."entity" = s."entity" AND b."extracted_at" = s."last_snapshot_at"),
+                  s."last_snapshot_at", now()
+           FROM "ops"."sync_state" AS s
+           WHERE s."last_snapshot_at" IS NOT NULL AND NOT EXISTS
+                 (SELECT 1 FROM "ops"."snapshots" AS n WHERE n."entity" = s."entity")"""
+    )
+
+
+# -- source --------------------------------------------------------------------------------
+
+
+def source(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
+    """The (base_url, customer) the warehouse was built from; None before the first load."""
+    row = con.execute('SELECT "base_url", "customer" FROM "ops"."source"').fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def record_source(con: duckdb.DuckDBPyConnection, base_url: str, customer: str) -> None:
+    con.execute('DELETE FROM "ops"."source"')
+    con.execute('INSERT INTO "ops"."source" VALUES (?, ?, now())', [base_url, customer])
+
+
+# -- runs ----------------------------------------------------------------------------------
+
+
+def record_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    entities: Iterable[str],
+    *,
+    full_snapshot: bool = False,
+    started_at: datetime | None = None,
+) -> None:
+    """The run's row; `started_at` is when the run began (default: now)."""
+    con.execute(
+        'INSERT INTO "ops"."sync_runs" ("run_id", "started_at", "status", "entities", '
+        '"full_snapshot") VALUES (?, coalesce(?, now()), ?, ?, ?)',
+        [run_id, started_at, "running", list(entities), full_snapshot],
+    )
+
+
+def finish_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    status: str,
+    results: Mapping[str, LoadResult] | None = None,
+    message: str | None = None,
+) -> None:
+    total = sum((results or {}).values(), LoadResult())
+    figures = ", ".join(f"{quote(name)} = ?" for name in RUN_FIGURES)
+    con.execute(
+        f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
+        '"message" = ? WHERE "run_id" = ?',
+        [status, *(getattr(total, name) for name in RUN_FIGURES), message, run_id],
+    )
+
+
+def add_to_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    entities: Iterable[str],
+    result: LoadResult,
+    *,
+    full_snapshot: bool = False,
+    reconciled: Mapping[str, int] | None = None,
+    started_at: datetime | None = None,
+) -> None:
+    """Add a committed load's figures (and its extraction's `reconciled` figures, named
+    as RECONCILE_FIGURES) to its run's row, created by the run's first load
+    (`started_at`: when the run began, not that load); a run of several loads (entity
+    sets, documents) keeps one row that names them all."""
+    _ensure_run(con, run_id, list(entities), full_snapshot, started_at)
+    names = (*RUN_FIGURES, *RECONCILE_FIGURES)
+    figures = ", ".join(f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in names)
+    extra = reconciled or {}
+    con.execute(
+        f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
+        '"message" = NULL WHERE "run_id" = ?',
+        [
+            SUCCESS,
+            *(getattr(result, name) for name in RUN_FIGURES),
+            *(int(extra.get(name, 0)) for name in RECONCILE_FIGURES),
+            run_id,
+        ],
+    )
+
+
+def fail_run(
+    con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None = None
+) -> None:
+    """Mark a run failed, keeping what its finished loads recorded; a run that failed
+    before its first load gets a row of its own. One transaction of its own."""
+    with Transaction(con):
+        _ensure_run(con, run_id, [], started_at=started_at)
+        con.execute(
+            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
+            'WHERE "run_id" = ?',
+            [FAILED, message, run_id],
+        )
+
+
+def _ensure_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    entities: list[str],
+    full_snapshot: bool = False,
+    started_at: datetime | None = None,
+) -> None:
+    """The run's row, made by the first write of the run; later writes add the sets it
+    does not name yet."""
+    row = con.execute(
+        'SELECT "entities" FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
+    ).fetchone()
+    if row is None:
+        record_run(con, run_id, entities, full_snapshot=full_snapshot, started_at=started_at)
+    elif missing := [name for name in entities if name not in row[0]]:
+        con.execute(
+            'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',
+            [[*row[0], *missing], run_id],
+        )
+
+
+# -- sync state ----------------------------------------------------------------------------
+
+
+def watermark(con: duckdb.DuckDBPyConnection, entity: str) -> str | None:
+    row = con.execute(
+        'SELECT "watermark" FROM "ops"."sync_state" WHERE "entity" = ?', [entity]
+    ).fetchone()
+    return row[0] if row else None
+
+
+def write_state(
+    con: duckdb.DuckDBPyConnection,
+    entity: str,
+    run_id: str,
+    infos: Sequence[BatchInfo],
+    snapshot: bool,
+    watermark: str | None,
+) -> None:
+    """The watermark of the newest extraction wins: a run that commits after a run it
+    started before (overlapping runs) leaves the later run's watermark."""
+    newest = max((i.extracted for i in infos), default=None)
+    con.execute(
+        'INSERT INTO "ops"."sync_state" SELECT ?, NULL, NULL, NULL, NULL, NULL '
+        'WHERE NOT EXISTS (SELECT 1 FROM "ops"."sync_state" WHERE "entity" = ?)',
+        [entity, entity],
+    )
+    con.execute(
+        'UPDATE "ops"."sync_state" SET "watermark" = CASE '
+        'WHEN ?::TIMESTAMPTZ < "last_extracted_at" THEN "watermark" '
+        'ELSE coalesce(?, "watermark") END, '
+        '"last_run_id" = ?, "last_loaded_at" = now(), '
+        '"last_extracted_at" = greatest("last_extracted_at", ?::TIMESTAMPTZ), '
+        '"last_snapshot_at" = CASE WHEN ? THEN greatest("last_snapshot_at", ?::TIMESTAMPTZ) '
+        'ELSE "last_snapshot_at" END WHERE "entity" = ?',
+        [newest, watermark, run_id, newest, snapshot and newest is not None, newest, entity],
+    )
+
+
+def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[EntityStatus]:
+    """Per entity set: rows, soft-deleted rows, rejects, watermark and last load."""
+    out = []
+    for ent in entities:
+        rows, deleted = con.execute(
+            f'SELECT count(*), count("_deleted_at") FROM {qualified(CLINICAL, ent.table)}'
+        ).fetchone()
+        (rejects,) = con.execute(
+            'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ?',
+            [ent.name, REJECT],
+        ).fetchone()
+        state = con.execute(
+            'SELECT "watermark", "last_run_id", "last_loaded_at" FROM "ops"."sync_state" '
+            'WHERE "entity" = ?',
+            [ent.name],
+        ).fetchone() or (None, None, None)
+        out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, *state))
+    return out
+
+
+def run_rejects(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> int:
+    """Rows of `entity` that run `run_id` set aside (warnings not counted)."""
+    (count,) = con.execute(
+        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?',
+        [entity, REJECT, run_id],
+    ).fetchone()
+    return int(count)
+
+
+# -- what a merge reads and records --------------------------------------------------------
+
+
+def loaded_batch_ids(con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> set[str]:
+    """The batches among `ids` that a load committed before (a reload is recognised)."""
+    rows = con.execute(
+        'SELECT "batch_id" FROM "ops"."loaded_batches" WHERE "batch_id" IN (SELECT unnest(?))',
+        [list(ids)],
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def snapshot_since(con: duckdb.DuckDBPyConnection, entity: str, extracted: datetime) -> bool:
+    """Whether a snapshot loaded earlier was extracted at or after `extracted`."""
+    (count,) = con.execute(
+        'SELECT count(*) FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" >= ?',
+        [entity, extracted],
+    ).fetchone()
+    return count > 0
+
+
+def record_snapshot(
+    con: duckdb.DuckDBPyConnection, entity: str, run_id: str, snapshot_at: datetime
+) -> None:
+    con.execute(
+        'INSERT INTO "ops"."snapshots" SELECT ?, ?, ?, now() WHERE NOT EXISTS '
+        '(SELECT 1 FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" = ?)',
+        [entity, run_id, snapshot_at, entity, snapshot_at],
+    )
+
+
+def first_snapshot_missing(key: str) -> str:
+    """SQL of when the first snapshot extracted at or after a staged version (`s`) missed
+    its key (quoted `key`), NULL when none did; its one parameter is the entity set. A
+    snapshot that rejected the key did not miss it."""
+    return f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
+                WHERE n."entity" = ? AND n."snapshot_at" >= s."_extracted_at"
+                  AND NOT EXISTS (
+                    SELECT 1 FROM "ops"."rejects" AS r
+                    WHERE r."entity" = n."entity" AND r."run_id" = n."run_id"
+                      AND r."key" = CAST(s.{key} AS VARCHAR)))"""
+
+
+def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
+    """The staged `_rejects` of batches loaded for the first time into ops.rejects."""
+    con.execute(
+        """INSERT INTO "ops"."rejects" SELECT "entity", "key", "kind", "fields", "reason",
+            "raw_json", "batch_run_id", "batch_id", "extracted_at" FROM "_rejects"
+            WHERE "new" """
+    )
+
+
+def record_new_batches(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+    """The registered `_batches` loaded for the first time into the ledger."""
+    con.execute(
+        """INSERT INTO "ops"."loaded_batches"
+           SELECT b."batch_id", ?, b."relative_file", b."batch_run_id", b."extracted_at",
+                  b."rows", b."rejects", now()
+           FROM "_batches" AS b WHERE b."new" """,
+        [entity],
+    )
