@@ -30,7 +30,7 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
     """`clinical-sync sandbox ARGS` in a child process; yields its CLINICAL_* settings.
     Unlimited unless ARGS give `--rate` (the command's own default is the spec's 5/s)."""
     cmd = [
-        *(sys.executable, "-m", "pipelines.cli", "sandbox", "--port", str(free_port())),
+        *(sys.executable, "-m", "cli.main", "sandbox", "--port", str(free_port())),
         *("--rate", "0", *args),
     ]
     proc = subprocess.Popen(

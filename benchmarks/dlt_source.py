@@ -34,7 +34,7 @@ from connectors.clinical_records.catalogue import (
     EntitySet,
     Strategy,
 )
-from pipelines.strategy import cursor_is_date
+from sync.strategy import cursor_is_date
 
 DATASET = "clinical"
 PIPELINE = "clinical_records_dlt"

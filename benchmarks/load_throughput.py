@@ -31,7 +31,7 @@ from benchmarks.common import record
 from benchmarks.measure import last_json_line
 from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
 from connectors.clinical_records.decode import decode_json
-from pipelines.extract import FILE_ROWS, NORMALISE_ROWS
+from sync.extract import FILE_ROWS, NORMALISE_ROWS
 
 try:  # dlt brings orjson with the bench extra
     import orjson
@@ -142,7 +142,7 @@ def tasks(path: Path, pages_per_task: int) -> Iterator[tuple[int, int]]:
 def warm_up() -> None:
     """Import what a worker needs, so the clock times the work, not starting processes
     (the product's extraction runs in a process that is already up)."""
-    import pipelines.extract  # noqa: F401
+    import sync.extract  # noqa: F401
 
 
 def cpu_seconds() -> float:
@@ -166,8 +166,8 @@ def extract_pages(
 ) -> list[str]:
     """Decode pages one at a time into the extraction's own writer, which normalises and
     writes the lake files as a sync does; returns the files."""
-    from pipelines.extract import BatchWriter
-    from pipelines.strategy import Mode, Plan
+    from sync.extract import BatchWriter
+    from sync.strategy import Mode, Plan
     from warehouse.lake import Lake
 
     loads = DECODERS[decoder]

@@ -37,9 +37,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
-from pipelines.budget import allot, costs_of, needs_whole, parse_budget, staleness_hours
 from pipelines.documents_asset import patient_document_content
-from pipelines.extract import Extraction
 from pipelines.keys import (
     ANALYTICS_GROUP,
     API_POOL,
@@ -55,17 +53,20 @@ from pipelines.keys import (
 )
 from pipelines.liveness import run_started_at
 from pipelines.models import Model, models
-from pipelines.packed import SetInput, extract_family
-from pipelines.progress import current
-from pipelines.reconcile import Reconciliation
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.service_memory import ServiceMemory
-from pipelines.state import (
+from sync.budget import allot, costs_of, needs_whole, parse_budget, staleness_hours
+from sync.extract import Extraction
+from sync.packed import extract_family
+from sync.progress import current
+from sync.reconcile import Reconciliation
+from sync.riders import SetInput
+from sync.service_memory import ServiceMemory
+from sync.state import (
     LOCK_WAIT_SECONDS,
     last_read_whole,
     read_held_keys,
@@ -73,7 +74,7 @@ from pipelines.state import (
     read_sizes,
     read_state,
 )
-from pipelines.strategy import Mode, Options, Plan, plan
+from sync.strategy import Mode, Options, Plan, plan
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse

@@ -26,11 +26,11 @@ from dagster import (
 )
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
-from pipelines.budget import needs_whole
 from pipelines.keys import table_key
-from pipelines.reconcile import Reconciliation
 from pipelines.resources import WarehouseResource
-from pipelines.state import LOCK_WAIT_SECONDS
+from sync.budget import needs_whole
+from sync.reconcile import Reconciliation
+from sync.state import LOCK_WAIT_SECONDS
 from warehouse import ops
 from warehouse.ddl import CLINICAL
 from warehouse.ident import qualified, quote

@@ -24,7 +24,6 @@ from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
-from pipelines.budget import BUDGET_VARIABLE
 from pipelines.checks import with_freshness
 from pipelines.documents_asset import patient_document_content
 from pipelines.keys import (
@@ -44,6 +43,7 @@ from pipelines.resources import (
 )
 from pipelines.run_failures import mark_failed_runs
 from pipelines.table_schemas import with_column_schemas
+from sync.budget import BUDGET_VARIABLE
 from warehouse.private import private_umask
 
 NIGHTLY_CRON = "0 2 * * *"

@@ -14,17 +14,16 @@ from pydantic import Field as ConfigField
 
 from connectors.clinical_records.catalogue import DOCUMENTS
 from connectors.clinical_records.client import ClinicalClient
-from pipelines.documents_content import (
+from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
+from pipelines.resources import ClinicalApiResource, LakeResource, WarehouseResource
+from sync.document_content import (
     ContentResult,
     content_store,
     content_todo,
     download_content,
-    manifest_ddl,
     record_content,
 )
-from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
-from pipelines.resources import ClinicalApiResource, LakeResource, WarehouseResource
-from pipelines.state import LOCK_WAIT_SECONDS
+from sync.state import LOCK_WAIT_SECONDS
 from warehouse.load import Warehouse
 
 CONTENT_KEY = AssetKey(["clinical", "patient_document_content"])
@@ -57,8 +56,6 @@ def patient_document_content(
     store = content_store(lake.root)
     with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
         wh.ensure_schema()
-        for statement in manifest_ddl():
-            wh.con.execute(statement)
         todo = content_todo(wh.con, store)
     result = ContentResult(wanted=len(todo))
     if config.download_content and todo:

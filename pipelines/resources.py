@@ -15,7 +15,7 @@ from pydantic import Field as ConfigField
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines.strategy import Options
+from sync.strategy import Options
 from warehouse.lake import Lake
 
 DEFAULT_WAREHOUSE_PATH = "data/warehouse.duckdb"
@@ -113,7 +113,7 @@ class WarehouseResource(ConfigurableResource):
 
     def working(self) -> str:
         """The working copy every step that reads or writes sync state opens."""
-        from pipelines.state import LOCK_WAIT_SECONDS
+        from sync.state import LOCK_WAIT_SECONDS
         from warehouse.publish import working_copy
 
         return str(working_copy(self.path, wait=LOCK_WAIT_SECONDS))

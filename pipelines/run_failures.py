@@ -20,7 +20,7 @@ from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines import home
 from pipelines.liveness import run_started_at
-from pipelines.state import LOCK_WAIT_SECONDS
+from sync.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
 from warehouse.publish import working_copy, working_path

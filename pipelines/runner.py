@@ -25,19 +25,10 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from pipelines import keys
 from pipelines.assets import build_reference_checks, build_sync_assets
-from pipelines.budget import BUDGET_VARIABLE, parse_budget
 from pipelines.documents_asset import CONTENT_KEY, patient_document_content
-from pipelines.keys import (
-    BACKFILL_JOB,
-    CLINICAL_GROUP,
-    DOCUMENTS_JOB,
-    FULL_JOB,
-    NIGHTLY_JOB,
-    PUBLISHED_KEY,
-    lake_key,
-    table_key,
-)
+from pipelines.keys import lake_key, table_key
 from pipelines.liveness import release_orphans, run_started_at, run_tags
 from pipelines.resources import (
     ClinicalApiResource,
@@ -46,6 +37,7 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import first_failure, mark_failed, root_failures
+from sync.budget import BUDGET_VARIABLE, parse_budget
 
 log = logging.getLogger(__name__)
 
@@ -143,17 +135,7 @@ def resources_from_env(
     settings = Settings.from_env(env)
     parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)  # a bad value fails now
     return {
-        "clinical_api": ClinicalApiResource(
-            base_url=settings.base_url,
-            auth_url=settings.auth_url,
-            client_id=settings.client_id,
-            client_secret=settings.client_secret,
-            api_key=settings.api_key,
-            customer=settings.customer,
-            rate_limit=settings.rate_limit,
-            burst=settings.burst,
-            limiter_path=str(settings.limiter_path),
-        ),
+        "clinical_api": ClinicalApiResource.from_settings(settings),
         "lake": LakeResource(root=str(lake_root)),
         "warehouse": WarehouseResource(path=str(warehouse_path)),
         "sync_options": SyncOptionsResource(
@@ -179,8 +161,8 @@ def selection(only: Sequence[EntitySet]) -> AssetSelection:
     """The chosen sets' extraction and load, and the analytics models downstream of them."""
     if not only:
         return AssetSelection.all()
-    keys = [k for e in only for k in (lake_key(e), table_key(e))]
-    chosen = AssetSelection.assets(*keys)
+    wanted = [k for e in only for k in (lake_key(e), table_key(e))]
+    chosen = AssetSelection.assets(*wanted)
     return chosen | AssetSelection.assets(*[table_key(e) for e in only]).downstream(
         include_self=False
     )
@@ -211,7 +193,13 @@ def sync(
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
     started = time.monotonic()
-    job = BACKFILL_JOB if backfill_from is not None else FULL_JOB if full else NIGHTLY_JOB
+    job = (
+        keys.BACKFILL_JOB
+        if backfill_from is not None
+        else keys.FULL_JOB
+        if full
+        else keys.NIGHTLY_JOB
+    )
     result = _materialize(
         job,
         [*build_sync_assets(), *build_reference_checks()],
@@ -224,7 +212,7 @@ def sync(
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
     for event in result.get_asset_materialization_events():
         key: AssetKey = event.asset_key
-        if key.path[0] != CLINICAL_GROUP or key.path[-1] not in BY_TABLE:
+        if key.path[0] != keys.CLINICAL_GROUP or key.path[-1] not in BY_TABLE:
             continue
         figures = _values(event.materialization.metadata)
         report.entities[BY_TABLE[key.path[-1]].name] = figures
@@ -277,14 +265,14 @@ def sync_documents(
     """The `documents_sync` job once: the documents read in the patients' pages, loaded, their
     files fetched when `content`, published."""
     result = _materialize(
-        DOCUMENTS_JOB,
+        keys.DOCUMENTS_JOB,
         build_sync_assets(),
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
         instance=instance,
         tags={"clinical-sync/command": "documents sync"},
         selection=AssetSelection.assets(
-            lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, PUBLISHED_KEY
+            lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
         ),
         ops={patient_document_content.op.name: {"config": {"download_content": content}}},
     )

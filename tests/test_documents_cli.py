@@ -8,10 +8,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from cli.main import main
 from connectors.clinical_records.catalogue import ACCEPTED_DOCUMENT_TYPES, MAX_UPLOAD_BYTES
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
-from pipelines.cli import main
 from tests.conftest import api_client
 from warehouse.publish import working_path
 

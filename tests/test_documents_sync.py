@@ -19,9 +19,9 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
-from pipelines.documents_content import MANIFEST_TABLE, content_store
 from pipelines.runner import sync, sync_documents
-from pipelines.service_memory import DOCUMENTS_REFUSED, MEMORY_FILE
+from sync.document_content import MANIFEST_TABLE, content_store
+from sync.service_memory import DOCUMENTS_REFUSED, MEMORY_FILE
 from tests.connector_helpers import settings_for
 
 COMPARED = ("file_name", "content_type", "file_size_bytes", "document_type", "description")

@@ -18,9 +18,9 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.errors import ConfigError
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
-from pipelines.budget import SetCost, allot, costs_of, parse_budget, reserve, staleness_hours
 from pipelines.checks import STALENESS
 from pipelines.runner import sync
+from sync.budget import SetCost, allot, costs_of, parse_budget, reserve, staleness_hours
 
 NOW = datetime(2026, 11, 25, 2, 0, tzinfo=UTC)
 

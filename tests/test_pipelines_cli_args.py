@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from pipelines.cli import build_parser, main
+from cli.main import build_parser, main
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from pipelines.commands import STOP_GRACE_SECONDS
+from cli.commands import STOP_GRACE_SECONDS
 from tests.dev_server import dev_server
 
 

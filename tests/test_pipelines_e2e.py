@@ -22,10 +22,10 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
-from pipelines import extract
 from pipelines.assets import build_assets
 from pipelines.keys import lake_key
 from pipelines.runner import SyncReport, resources_from_env, sync
+from sync import extract
 from tests.truth import canonical, live_rows
 from warehouse.ident import qualified, quote
 from warehouse.lake import Lake

@@ -19,10 +19,10 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.query import Query
-from pipelines.extract import cursor_filter
 from pipelines.models import models, parse
-from pipelines.progress import Progress, Tally, TerminalProgress
-from pipelines.strategy import Mode, Options, SyncState, plan, watermark_of
+from sync.extract import cursor_filter
+from sync.progress import Progress, Tally, TerminalProgress
+from sync.strategy import Mode, Options, SyncState, plan, watermark_of
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 RECENT = SyncState(watermark="2026-11-19T22:30:00+00:00", last_snapshot_at=NOW - timedelta(days=1))

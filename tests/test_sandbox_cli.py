@@ -18,7 +18,7 @@ def served(*args: str, log: list[str] | None = None) -> Iterator[tuple[dict, dic
     """`clinical-sync sandbox ARGS` at a small scale: the settings it printed (env lines up
     to an empty line) and a client's headers; what it logged is added to `log`."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "sandbox", "--port", "0", "--scale", "0.02", *args],
+        [sys.executable, "-m", "cli.main", "sandbox", "--port", "0", "--scale", "0.02", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

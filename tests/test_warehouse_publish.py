@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pipelines.cli import main
+from cli.main import main
 from pipelines.runner import sync
 from warehouse.load import Warehouse, WarehouseLocked
 from warehouse.private import private_dir, tighten_tree
@@ -219,7 +219,7 @@ def test_sql_errors_are_one_line_and_writes_are_refused(published, capsys):
 
 def test_sql_reads_statements_from_stdin(published):
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "sql"],
+        [sys.executable, "-m", "cli.main", "sql"],
         input="SELECT count(*) AS n FROM clinical.claims;\nSELECT 'a;b' AS s;\n",
         capture_output=True,
         text=True,

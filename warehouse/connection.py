@@ -39,7 +39,7 @@ HOLDER_RE = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<
 
 def _command(pid: int) -> str | None:
     """A short name for process `pid` from /proc: the program and the words that say what it
-    runs (`python3.11 -m pipelines.cli sync`), stopping at the first option: options may carry
+    runs (`python3.11 -m cli.main sync`), stopping at the first option: options may carry
     secrets, and `-c` code anything."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()

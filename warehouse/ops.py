@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass
 from datetime import datetime
+from typing import Any
 
 import duckdb
 
-from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.connection import Transaction
-from warehouse.ddl import CLINICAL
+from warehouse.ddl import CLINICAL, OPS
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
 from warehouse.normalise import REJECT
@@ -210,6 +211,33 @@ def watermark(con: duckdb.DuckDBPyConnection, entity: str) -> str | None:
     return row[0] if row else None
 
 
+def sync_state(
+    con: duckdb.DuckDBPyConnection, entity: str
+) -> tuple[str | None, datetime | None] | None:
+    """(watermark, last_snapshot_at) of one set; None before its first load."""
+    row = con.execute(
+        'SELECT "watermark", "last_snapshot_at" FROM "ops"."sync_state" WHERE "entity" = ?',
+        [entity],
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def last_snapshots(con: duckdb.DuckDBPyConnection) -> dict[str, datetime | None]:
+    """Per set, when it was last read whole."""
+    rows = con.execute('SELECT "entity", "last_snapshot_at" FROM "ops"."sync_state"').fetchall()
+    return dict(rows)
+
+
+def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
+    """Keys the source sent that were set aside as `kind` (in its count, not in the table)."""
+    rows = con.execute(
+        'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
+        'AND "key" IS NOT NULL',
+        [entity, kind],
+    ).fetchall()
+    return [k for (k,) in rows]
+
+
 def write_state(
     con: duckdb.DuckDBPyConnection,
     entity: str,
@@ -328,3 +356,33 @@ def record_new_batches(con: duckdb.DuckDBPyConnection, entity: str) -> None:
            FROM "_batches" AS b WHERE b."new" """,
         [entity],
     )
+
+
+# -- document content ------------------------------------------------------------------------
+
+CONTENT_TABLE = qualified(OPS, "document_content")
+DOCUMENTS_TABLE = qualified(CLINICAL, DOCUMENTS.table)
+
+
+def held_content(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """Per live document: (patient, id, size, content type, sha256 held, size held)."""
+    return con.execute(
+        f'SELECT CAST(d."patient_id" AS VARCHAR), d."id", d."file_size_bytes", d."content_type", '
+        f'm."sha256", m."size" FROM {DOCUMENTS_TABLE} AS d '
+        f'LEFT JOIN {CONTENT_TABLE} AS m ON m."document_id" = d."id" '
+        f'WHERE d."_deleted_at" IS NULL ORDER BY d."id"'
+    ).fetchall()
+
+
+def record_content(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> None:
+    """This run's manifest rows replace any held for the same documents, together."""
+    if not rows:
+        return
+    with Transaction(con):
+        con.execute(
+            f'DELETE FROM {CONTENT_TABLE} WHERE "document_id" IN '
+            f"(SELECT unnest(CAST(? AS VARCHAR[])))",
+            [[r[0] for r in rows]],
+        )
+        marks = ", ".join("?" for _ in rows[0])
+        con.executemany(f"INSERT INTO {CONTENT_TABLE} VALUES ({marks})", list(rows))

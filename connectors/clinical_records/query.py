@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -224,11 +224,10 @@ def all_of(*parts: Expr | None) -> Expr | None:
 OrderItem = str | tuple[str, bool]  # "name", "name desc" or (name, descending)
 
 
-@dataclass(frozen=True)
-class Expand:
-    """`$expand` of one navigation property, with nested options."""
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The system query options a collection and a nested `$expand` share."""
 
-    name: str
     filter: Expr | None = None
     select: Sequence[str] | None = None
     orderby: Sequence[OrderItem] = ()
@@ -239,17 +238,17 @@ class Expand:
 
 
 @dataclass(frozen=True)
-class Query:
+class Expand(Options):
+    """`$expand` of one navigation property, with nested options."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Query(Options):
     """System query options for one entity set; `params()` renders and validates them."""
 
     entity: EntitySet
-    filter: Expr | None = None
-    select: Sequence[str] | None = None
-    orderby: Sequence[OrderItem] = ()
-    top: int | None = None
-    skip: int | None = None
-    count: bool = False
-    expand: Sequence[Expand | str] = field(default=())
 
     def __post_init__(self) -> None:
         self.params()  # validate against the catalogue now, before any request

@@ -158,7 +158,7 @@ class Target:
         }
 
     def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "pipelines.cli", *args]
+        return [sys.executable, "-m", "cli.main", *args]
 
     def start(self, *args: str, log: Path | None = None) -> subprocess.Popen:
         """`clinical-sync <args>` in a child process (stdout and stderr to `log`)."""

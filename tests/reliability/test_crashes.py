@@ -14,7 +14,7 @@ import pytest
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet
 from connectors.sandbox.server import SandboxServer
-from pipelines.strategy import parse_watermark
+from sync.strategy import parse_watermark
 from tests.reliability.conftest import (
     SIZE,
     Target,

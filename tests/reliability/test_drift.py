@@ -7,7 +7,7 @@ collection requests the set being read loses a record, gains one whose key sorts
 between or after the keys already read, and has one updated (its `updated_at` moves where
 it has one). Sets with `updated_at` must end exact. A set without it cannot see an update
 of a record it has already read, nor an insert and a delete that cancel in one key range
-(pipelines/reconcile.py): there, and only there, a difference is allowed, and only for a
+(sync/reconcile.py): there, and only there, a difference is allowed, and only for a
 key that drift changed during the run.
 """
 

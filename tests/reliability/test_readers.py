@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from connectors.sandbox.server import SandboxServer
-from pipelines.state import LOCK_WAIT_SECONDS
+from sync.state import LOCK_WAIT_SECONDS
 from tests.reliability.conftest import SYNC_TIMEOUT, Target, sandbox_config
 
 pytestmark = pytest.mark.reliability
@@ -137,7 +137,7 @@ def test_a_sync_under_umask_000_leaves_nothing_readable_by_others(tmp_path):
         before = set(logs.glob("sync-*.log"))
         sync_under_umask_000()
         assert open_entries(target.root) == []
-        # The run's log file (pipelines/cli_log.py) says what it tightened.
+        # The run's log file (cli/log.py) says what it tightened.
         (log,) = set(logs.glob("sync-*.log")) - before
         said = log.read_text(encoding="utf-8")
         assert f"warehouse {target.warehouse}: 1 file or folder was open" in said

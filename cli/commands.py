@@ -14,9 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli import log as cli_log
 from connectors.clinical_records.errors import ConfigError
-from pipelines import cli_log, home
-from pipelines.progress import TerminalProgress, install
+from pipelines import home
+from sync.progress import TerminalProgress, install
 
 if TYPE_CHECKING:
     from warehouse.load import EntityStatus
@@ -119,7 +120,7 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
 
 def rebuild(args: argparse.Namespace) -> int:
     """Rebuild the working copy from the lake, then publish it."""
-    from pipelines.state import LOCK_WAIT_SECONDS
+    from sync.state import LOCK_WAIT_SECONDS
     from warehouse.publish import publish, working_copy
     from warehouse.rebuild import rebuild as rebuild_warehouse
 
@@ -145,7 +146,7 @@ def sandbox_process(args: argparse.Namespace) -> Iterator[dict[str, str]]:
     cmd = [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "cli.main",
         "sandbox",
         "--port",
         str(args.port),

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import date
 
-from pipelines.documents_cli import add_parser as _add_documents
+from cli.documents import add_parser as _add_documents
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -130,7 +130,7 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="adopt a new service or customer for this warehouse and lake (never by default)",
     )
-    p.set_defaults(func=_lazy("pipelines.commands", "sync"), validate=_check_sync)
+    p.set_defaults(func=_lazy("cli.commands", "sync"), validate=_check_sync)
 
 
 def _day(text: str) -> date:
@@ -155,7 +155,7 @@ def _check_sync(args: argparse.Namespace) -> str | None:
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="per entity set: rows, rejects, watermark, last run")
-    p.set_defaults(func=_lazy("pipelines.commands", "status"))
+    p.set_defaults(func=_lazy("cli.commands", "status"))
 
 
 def _add_sql(sub: argparse._SubParsersAction) -> None:
@@ -166,16 +166,16 @@ def _add_sql(sub: argparse._SubParsersAction) -> None:
         "published; it never blocks a sync. Statements come from -c, else from stdin.",
     )
     p.add_argument("-c", dest="command_text", metavar="SQL", help="run these and print the table")
-    p.set_defaults(func=_lazy("pipelines.query", "sql"))
+    p.set_defaults(func=_lazy("cli.sql", "sql"))
 
 
 def _add_rebuild(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rebuild", help="rebuild the DuckDB warehouse from the Parquet lake")
-    p.set_defaults(func=_lazy("pipelines.commands", "rebuild"))
+    p.set_defaults(func=_lazy("cli.commands", "rebuild"))
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    from pipelines.demo import add_parser
+    from cli.demo import add_parser
 
     add_parser(sub)
 
@@ -187,7 +187,7 @@ def _add_dev(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="sandbox data size (1: ~18k records)")
     p.add_argument("--rate", type=float, default=5.0, help="sandbox requests/s (default: 5)")
     p.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port (default: 3000)")
-    p.set_defaults(func=_lazy("pipelines.commands", "dev"))
+    p.set_defaults(func=_lazy("cli.commands", "dev"))
 
 
 PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # anything else: a few lines here, the trace in a log file
         if getattr(args, "verbose", False):
             raise
-        from pipelines import cli_log
+        from cli import log as cli_log
 
         log = cli_log.log_file(args.command)
         cli_log.write_traceback(error, log)

@@ -44,7 +44,7 @@ class Options:
     # updates and deletes show no other way); off, such sets wait for the snapshot cadence.
     exact: bool = True
     # Under a nightly budget, the sets without updated_at that this run reads whole
-    # (pipelines/budget.py); None: all of them.
+    # (sync/budget.py); None: all of them.
     read_whole: frozenset[str] | None = None
 
     def whole(self, entity: EntitySet) -> bool:

@@ -6,6 +6,7 @@ writer's lock instead of failing. No warehouse yet means a first sync.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from pipelines.reconcile import held_from
-from pipelines.strategy import SyncState
+from sync.reconcile import held_from
+from sync.strategy import SyncState
+from warehouse import ops
 from warehouse.ddl import CLINICAL
 from warehouse.ident import qualified, quote
 from warehouse.load import Warehouse
@@ -34,10 +36,7 @@ def read_state(warehouse_path: str | Path, entity: EntitySet) -> SyncState:
         return SyncState()
     with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
         try:
-            row = wh.con.execute(
-                'SELECT "watermark", "last_snapshot_at" FROM "ops"."sync_state" WHERE "entity" = ?',
-                [entity.name],
-            ).fetchone()
+            row = ops.sync_state(wh.con, entity.name)
         except duckdb.CatalogException:  # the schema was never created
             return SyncState()
     if row is None:
@@ -56,14 +55,10 @@ def read_held_keys(warehouse_path: str | Path, entity: EntitySet) -> set[Any]:
         try:
             live = wh.con.execute(f'SELECT {key} FROM {table} WHERE "_deleted_at" IS NULL')
             keys = [k for (k,) in live.fetchall()]
-            rejected = wh.con.execute(
-                'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
-                'AND "key" IS NOT NULL',
-                [entity.name, REJECT],
-            ).fetchall()
+            rejected = ops.rejected_keys(wh.con, entity.name, REJECT)
         except duckdb.CatalogException:  # the schema was never created
             return set()
-    return held_from(entity, [*keys, *(k for (k,) in rejected)])
+    return held_from(entity, [*keys, *rejected])
 
 
 def read_parents(warehouse_path: str | Path, entity: EntitySet, reference: str) -> dict[Any, Any]:
@@ -85,7 +80,7 @@ def read_parents(warehouse_path: str | Path, entity: EntitySet, reference: str) 
 
 def read_sizes(warehouse_path: str | Path) -> tuple[dict[str, int], dict[str, datetime | None]]:
     """Per set, the live rows and when it was last read whole: what the nightly budget
-    weighs (pipelines/budget.py). Empty before the first sync."""
+    weighs (sync/budget.py). Empty before the first sync."""
     rows: dict[str, int] = {}
     whole: dict[str, datetime | None] = {}
     if not Path(warehouse_path).exists():
@@ -99,17 +94,12 @@ def read_sizes(warehouse_path: str | Path) -> tuple[dict[str, int], dict[str, da
                 ).fetchone()
             except duckdb.CatalogException:
                 continue
-        try:
-            stored = wh.con.execute('SELECT "entity", "last_snapshot_at" FROM "ops"."sync_state"')
-            whole = {name: _utc(at) for name, at in stored.fetchall()}
-        except duckdb.CatalogException:
-            pass
+        with contextlib.suppress(duckdb.CatalogException):
+            whole = {name: _utc(at) for name, at in ops.last_snapshots(wh.con).items()}
     return rows, whole
 
 
 def last_read_whole(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
     """When `entity` was last read whole (its last snapshot), on an open connection."""
-    row = con.execute(
-        'SELECT "last_snapshot_at" FROM "ops"."sync_state" WHERE "entity" = ?', [entity.name]
-    ).fetchone()
-    return _utc(row[0]) if row else None
+    row = ops.sync_state(con, entity.name)
+    return _utc(row[1]) if row else None

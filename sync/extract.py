@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 from connectors.clinical_records.catalogue import Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Expr, F, Query, all_of
-from pipelines.progress import Progress
-from pipelines.reconcile import Reconciler, Reconciliation
-from pipelines.strategy import Mode, Plan, watermark_of
+from sync.progress import Progress
+from sync.reconcile import Reconciler, Reconciliation
+from sync.strategy import Mode, Plan, watermark_of
 from warehouse.lake import Lake
 from warehouse.normalise import Reject, normalise
 from warehouse.schema import arrow_schema
@@ -171,7 +171,7 @@ def extract(
     budget: int | None = None,
 ) -> Extraction:
     """Run `plan`: page through the API, reconcile with the source as it stands at the end
-    (pipelines/reconcile.py), write lake batches, compute the next watermark. `held` are the
+    (sync/reconcile.py), write lake batches, compute the next watermark. `held` are the
     keys the warehouse holds live (an increment reconciles against them); `budget` caps the
     requests reconciliation may spend (default: `reconcile.default_budget`)."""
     entity = plan.entity

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,36 +14,14 @@ from typing import Any
 
 import duckdb
 
-from connectors.clinical_records.catalogue import DOCUMENTS
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.errors import NotFound
+from warehouse import ops
 from warehouse.content_store import ContentMismatch, ContentStore
-from warehouse.ddl import CLINICAL, OPS
-from warehouse.ident import qualified
 
-DOCS_TABLE = qualified(CLINICAL, DOCUMENTS.table)
-
-CONTENT_DIR = "_documents"  # under LAKE_ROOT: the content store (and the CLI's notes)
-MANIFEST = "document_content"
-MANIFEST_MEANING = "Document content held in the content store under <LAKE_ROOT>/_documents"
-MANIFEST_COLUMNS: dict[str, tuple[str, str]] = {
-    "document_id": ("VARCHAR", "Document id (clinical.patient_documents.id)"),
-    "patient_id": (DOCUMENTS.field("patient_id").canonical.value, "Owning patient"),
-    "sha256": ("VARCHAR", "sha256 of the content: its file is sha256/<first 2>/<sha256>"),
-    "size": ("BIGINT", "Bytes held, equal to file_size_bytes of the metadata"),
-    "content_type": ("VARCHAR", "MIME type the metadata states"),
-    "stored_at": ("TIMESTAMPTZ", "When the content was stored"),
-    "run_id": ("VARCHAR", "Run that downloaded it"),
-}
-MANIFEST_TABLE = qualified(OPS, MANIFEST)
-
-
-def manifest_ddl() -> Iterator[str]:
-    """`ops.document_content`, idempotent: the warehouse DDL's (`ensure_schema` creates it)."""
-    from warehouse.ddl import ops_table
-
-    yield from ops_table(MANIFEST)
+CONTENT_DIR = "_documents"  # under LAKE_ROOT: the content store
+MANIFEST_TABLE = ops.CONTENT_TABLE
 
 
 def content_store(lake_root: str | Path) -> ContentStore:
@@ -70,12 +48,7 @@ class ContentResult:
 
 def content_todo(con: duckdb.DuckDBPyConnection, store: ContentStore) -> list[ContentItem]:
     """Live documents whose content is not held (no manifest row, another size, file gone)."""
-    rows = con.execute(
-        f'SELECT CAST(d."patient_id" AS VARCHAR), d."id", d."file_size_bytes", d."content_type", '
-        f'm."sha256", m."size" FROM {DOCS_TABLE} AS d '
-        f'LEFT JOIN {MANIFEST_TABLE} AS m ON m."document_id" = d."id" '
-        f'WHERE d."_deleted_at" IS NULL ORDER BY d."id"'
-    ).fetchall()
+    rows = ops.held_content(con)
     return [
         ContentItem(patient, doc, size, kind)
         for patient, doc, size, kind, sha, held_size in rows
@@ -126,18 +99,4 @@ def download_content(
 
 
 def record_content(con: duckdb.DuckDBPyConnection, rows: Sequence[tuple]) -> None:
-    if not rows:
-        return
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(
-            f'DELETE FROM {MANIFEST_TABLE} WHERE "document_id" IN '
-            f"(SELECT unnest(CAST(? AS VARCHAR[])))",
-            [[r[0] for r in rows]],
-        )
-        marks = ", ".join("?" for _ in MANIFEST_COLUMNS)
-        con.executemany(f"INSERT INTO {MANIFEST_TABLE} VALUES ({marks})", list(rows))
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    ops.record_content(con, rows)

@@ -10,8 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
+from cli.commands import format_table, status_table, terminal_progress
 from pipelines import home
-from pipelines.commands import format_table, status_table, terminal_progress
 from warehouse.private import private_dir
 from warehouse.publish import working_path
 

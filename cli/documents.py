@@ -105,10 +105,10 @@ def _cell(value: object) -> str:
 
 
 def list_documents(args: argparse.Namespace) -> int:
+    from cli.commands import format_table
     from connectors.clinical_records.catalogue import DOCUMENTS
     from connectors.clinical_records.errors import QueryError
     from connectors.clinical_records.query import F, Query, all_of
-    from pipelines.commands import format_table
 
     condition = all_of(
         F("document_type") == args.type if args.type else None,
@@ -154,8 +154,9 @@ def delete(args: argparse.Namespace) -> int:
 
 def sync(args: argparse.Namespace) -> int:
     """The documents' part of the sync through Dagster, as the `documents_sync` job runs it."""
-    from pipelines import cli_log, home
-    from pipelines.commands import format_table
+    from cli import log as cli_log
+    from cli.commands import format_table
+    from pipelines import home
     from pipelines.runner import sync_documents
 
     log = cli_log.log_file("documents sync")

@@ -1,0 +1,235 @@
+"""A child set riding in its parent's pages, and what completes it once the parents are read:
+parents whose children did not all come, children no parent reaches, children gone with
+their parent (the rules: sync/packed.py). Logs carry counts only, never an id (PHI).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.clinical_records.catalogue import (
+    DOCUMENTS,
+    PAGE_SIZE,
+    Edm,
+    EntitySet,
+    Navigation,
+)
+from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.documents import DocumentsClient
+from connectors.clinical_records.errors import NotFound
+from connectors.clinical_records.paging import record_key
+from connectors.clinical_records.query import F, Query
+from sync.extract import BatchWriter, Extraction, cursor_filter
+from sync.reconcile import Reconciler, Reconciliation
+from sync.strategy import Mode, Plan
+
+DOCUMENTS_BLIND = (
+    "a document uploaded or deleted during the run under a patient already read is seen by "
+    "the next run (documents have no set to count)"
+)
+
+
+@dataclass
+class SetInput:
+    """What one selected set of the family starts from."""
+
+    plan: Plan
+    watermark: str | None = None
+    held: set[Any] = field(default_factory=set)  # live keys (an increment reconciles them)
+    parents: dict[Any, Any] = field(default_factory=dict)  # live key -> its parent's key
+
+
+def canonical(value: Any) -> str | None:
+    """A key or a reference, comparable across sets: digits as the number they spell."""
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).strip()
+    return str(int(text)) if text.lstrip("-").isdigit() else text
+
+
+@dataclass
+class Rider:
+    """A child set riding in its parent's pages during one run."""
+
+    entity: EntitySet
+    nav: Navigation
+    input: SetInput
+    writer: BatchWriter
+    reconciler: Reconciler | None
+    arrived: list[dict] = field(default_factory=list)
+    reached: int = 0  # the nested counts of the parents read
+    short: list[Any] = field(default_factory=list)  # parents whose children did not all come
+    fetched: int = 0
+    keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
+    no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
+    choice: str = ""
+
+    def take(self, records: list[dict]) -> None:
+        for start in range(0, len(records), PAGE_SIZE):  # as pages come: the writer's rhythm
+            self.writer.add(records[start : start + PAGE_SIZE])
+        if self.reconciler:
+            self.reconciler.read(records)
+        self.fetched += len(records)
+        numeric = self.entity.key_field.type is Edm.INT32
+        for record in records:
+            key = record_key(record.get(self.entity.key), numeric)
+            self.keys.add(key)
+            if record.get(self.nav.remote) is None:
+                self.no_parent.add(key)
+            else:
+                self.no_parent.discard(key)
+
+
+def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
+    """Requests to find the children no parent reaches: the null ones by a filter, each
+    dangling one by halving key ranges (bounded by reading the whole set)."""
+    found = math.ceil(nulls / PAGE_SIZE) + (1 if nulls else 0)
+    if dangling:
+        found += min(pages, math.ceil(dangling * (2 + math.log2(max(2, pages / dangling)))))
+    return found
+
+
+def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any) -> Extraction:
+    """Everything the parents' pages did not bring, then the rider's batch."""
+    plan = rider.input.plan
+    entity = rider.entity
+    result = Extraction(entity.name, plan.mode.value, plan.reason, rider.writer.run_id)
+    if entity is DOCUMENTS:
+        rider.take(rider.arrived)
+        rider.take(list(_list_documents(client, rider.short)))
+        rider.choice = (
+            f"with their patients; {len(rider.short)} patients listed alone"
+            if rider.short
+            else "with their patients"
+        )
+        rider.writer.finish()
+        result.reconciliation = Reconciliation(blind=DOCUMENTS_BLIND)
+        result.source_total = rider.fetched
+        fill(result, rider.writer, rider.fetched)
+        say.info(f"{entity.name}: {rider.fetched} read, {rider.choice}")
+        return result
+    reconciler = rider.reconciler
+    assert reconciler is not None and reconciler.started_total is not None
+    pages = max(1, math.ceil(reconciler.started_total / PAGE_SIZE))
+    remote = rider.nav.remote
+    numeric = entity.key_field.type is Edm.INT32
+    read_whole = {canonical(p) for p in parents} - {canonical(p) for p in rider.short}
+    # Held last run under a parent that was not read now (deleted, or never there): a
+    # snapshot asks for each by key. Held under a parent read whole, and not come with it:
+    # gone.
+    known, gone = [], []
+    for k, parent in rider.input.parents.items():
+        key = record_key(k if numeric else str(k), numeric)
+        if key is None:
+            continue
+        if parent is None:
+            rider.no_parent.add(key)
+            continue
+        (gone if canonical(parent) in read_whole else known).append(key)
+    if plan.mode is Mode.SNAPSHOT:
+        not_reached = max(0, reconciler.started_total - rider.reached)
+        nulls = client.count(entity, F(remote) == None) if not_reached else 0  # noqa: E711
+        new = max(0, not_reached - nulls - len(known))
+        find = orphan_cost(pages, nulls, new) + len(known) + len(rider.short)
+        if find < pages:
+            rider.choice = (
+                f"with its parents; {nulls} with no parent read by filter, {len(known)} held "
+                f"under a parent not read asked for by key, about {new} new with a missing "
+                f"parent found by key ranges, {len(rider.short)} parents read alone "
+                f"(about {find} requests against {pages} to read it alone)"
+            )
+            rider.take(rider.arrived)
+            if nulls:
+                rider.take(_all(client, entity, F(remote) == None))  # noqa: E711
+        else:
+            rider.choice = (
+                f"read alone: {nulls} with no parent, {len(known)} under a parent not read "
+                f"and about {new} new with a missing parent would cost about {find} "
+                f"requests to find, reading it costs {pages}"
+            )
+            rider.take(_all(client, entity, None))
+            known, rider.short = [], []
+    else:
+        rider.take(rider.arrived)
+        rider.take(_all(client, entity, cursor_filter(plan)))
+        rider.choice = f"{plan.reason}, and with its parents; {len(rider.short)} parents read alone"
+        known = []  # their writes come by cursor; a delete among them shows in the count
+        _settle_no_parent(rider, client, reconciler)
+    for parent in rider.short:
+        rider.take(_all(client, entity, F(remote) == parent))
+    known = [k for k in known if k not in rider.keys]
+    found = list(_by_key(client, entity, known))
+    rider.take(found)
+    reconciler.forget(k for k in gone if k not in rider.keys)
+    there = {record_key(r.get(entity.key), numeric) for r in found}
+    reconciler.forget(k for k in known if k not in there)
+    say.info(f"{entity.name}: {rider.choice}")
+    result.reconciliation = reconciler.finish()
+    result.source_total = reconciler.total
+    rider.writer.finish(reconciler.deleted_keys())
+    fill(result, rider.writer, rider.fetched)
+    return result
+
+
+def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconciler) -> None:
+    """An increment's children with a null reference, held or just read: one count tells
+    whether any was deleted; only then are they read again (by filter) to find which."""
+    entity, remote = rider.entity, rider.nav.remote
+    expected = set(rider.no_parent)
+    if client.count(entity, F(remote) == None) == len(expected):  # noqa: E711
+        return
+    records = _all(client, entity, F(remote) == None)  # noqa: E711
+    numeric = entity.key_field.type is Edm.INT32
+    there = {record_key(r.get(entity.key), numeric) for r in records}
+    rider.take(records)
+    reconciler.forget(expected - there)
+
+
+def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:
+    """Each record by its key, several in flight; one deleted meanwhile (404) is not."""
+
+    def one(key: Any) -> dict | None:
+        try:
+            return client.get(entity, key)
+        except NotFound:
+            return None
+
+    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
+        for record in pool.map(one, keys):
+            if record is not None:
+                yield record
+
+
+def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict]:
+    return [
+        r
+        for page in client.iter_pages(entity, Query(entity, filter=condition))
+        for r in page.records
+    ]
+
+
+def _list_documents(client: ClinicalClient, patients: list[Any]) -> Iterator[dict]:
+    """Each patient's documents, several requests in flight (the limiter paces them); a
+    patient deleted meanwhile (404) has none."""
+    docs = DocumentsClient(client)
+
+    def one(patient: Any) -> list[dict]:
+        try:
+            return docs.list(str(patient))
+        except NotFound:
+            return []
+
+    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
+        for records in pool.map(one, patients):
+            yield from records
+
+
+def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
+    result.files = writer.files
+    result.rejected = writer.rejected
+    result.watermark = writer.watermark
+    result.fetched = fetched
