@@ -212,13 +212,6 @@ def _packed_read(
         memory.documents_expanded()
 
     results: dict[str, Extraction] = {}
-    for r in riders:
-        if r in listed_alone:
-            r.short = list(parents)
-        results[r.entity.name] = meter.charge(
-            r.entity.name, lambda r=r: complete(r, parents, client, say)
-        )
-        results[r.entity.name].reason = r.choice
     if root_input is not None:
         result = Extraction(root.name, root_input.plan.mode.value, root_input.plan.reason, run_id)
         if root_reconciler:
@@ -228,6 +221,13 @@ def _packed_read(
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
         fill(result, root_writer, len(parents))
         results[root.name] = result
+    for r in riders:
+        if r in listed_alone:
+            r.short = list(parents)
+        results[r.entity.name] = meter.charge(
+            r.entity.name, lambda r=r: complete(r, parents, client, say)
+        )
+        results[r.entity.name].reason = r.choice
     for result in results.values():
         result.seconds = round(time.monotonic() - started, 3)
     return results
