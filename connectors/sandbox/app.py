@@ -121,7 +121,11 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig, store: Store | None = None) -> None:
         self.config = config
-        self.store = store or Store(seed=config.seed, scale=config.scale)
+        self.store = store or Store(
+            seed=config.seed,
+            scale=config.scale,
+            resolved_references=config.resolved_references,
+        )
         self.tokens = TokenService(config)
         self.limiter = RateLimiter(config.rate, config.burst)
         self.faults = FaultInjector(config)

@@ -23,6 +23,9 @@ class SandboxConfig:
 
     seed: int = 7
     scale: float = 1.0
+    # Every reference a catalogue navigation joins on is set and names a record that exists,
+    # through advance and drift too (store.Store); off: the spec's nulls and dangling claims.
+    resolved_references: bool = False
     # Credentials the sandbox accepts; secrets are fresh per instance unless given.
     client_id: str = "sandbox-client"
     client_secret: str = field(default_factory=lambda: _secret("secret"))

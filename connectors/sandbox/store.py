@@ -203,14 +203,25 @@ SAMPLE_BYTES: dict[str, bytes] = {
 class Store:
     """Every table, the documents and the clock of one sandbox; guard with `lock`."""
 
-    def __init__(self, seed: int = 7, scale: float = 1.0, now: datetime | None = None) -> None:
+    def __init__(
+        self,
+        seed: int = 7,
+        scale: float = 1.0,
+        now: datetime | None = None,
+        resolved_references: bool = False,
+    ) -> None:
         self.seed = seed
         self.scale = scale
         self.now = now or generator.EPOCH
+        # Every navigation reference set and naming a record that exists, through every
+        # insert, update and delete (generator.RESOLVED); off: the spec's dangling and nulls.
+        self.resolved_references = resolved_references
         self.lock = threading.RLock()
         self.tables: dict[str, Table] = {
             name: Table(cat.BY_NAME[name], rows)
-            for name, rows in generator.generate(seed, scale, self.now).items()
+            for name, rows in generator.generate(
+                seed, scale, self.now, resolved=resolved_references
+            ).items()
         }
         self.documents = DocumentStore(clock=lambda: self.now)
         self._rng = np.random.default_rng([seed, 99])
@@ -279,7 +290,7 @@ class Store:
         summary = {}
         for name, table in self.tables.items():
             n = len(table)
-            deleted = self._delete(table, self._share(n, delete_fraction))
+            deleted = len(self._delete(table, self._share(n, delete_fraction)))
             updated = len(self._update(table, self._share(n, update_fraction), before))
             inserted = self._insert(table, self._share(n, insert_fraction), before)
             summary[name] = {"inserted": inserted, "updated": updated, "deleted": deleted}
@@ -306,6 +317,8 @@ class Store:
                 key = table.keys[rng.randrange(len(table))]
                 table.delete(key)
                 self.changes.append(Change(entity.name, "delete", key, self.now))
+                for name, kind, other in self._keep_references(entity, [key]):
+                    self.changes.append(Change(name, kind, other, self.now))
         for _ in range(inserts):
             key = _free_key(table, rng.choice(PLACES), rng)
             if key is None:
@@ -338,6 +351,7 @@ class Store:
             first_id=self._next_id[name],
             now=self.now.timestamp(),
             created_after=after.timestamp(),
+            resolved=self.resolved_references,
         )
         self._next_id[name] += n
         if key is not None:
@@ -364,6 +378,7 @@ class Store:
             first_id=0,
             now=self.now.timestamp(),
             created_after=after.timestamp(),
+            resolved=self.resolved_references,
         )
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
         size = min(n, len(table))
@@ -383,12 +398,49 @@ class Store:
             keys.append(record.get(entity.key))
         return keys
 
-    def _delete(self, table: Table, n: int) -> int:
+    def _delete(self, table: Table, n: int) -> list[Any]:
+        """Hard-delete `n` random records; the keys deleted."""
         if n == 0 or not len(table):
-            return 0
+            return []
         picks = self._rng.choice(len(table), size=min(n, len(table)), replace=False)
         keys = [table.rows[i].get(table.entity.key) for i in picks.tolist()]
-        return sum(table.delete(key) for key in keys)
+        gone = [key for key in keys if table.delete(key)]
+        self._keep_references(table.entity, gone)
+        return gone
+
+    def _keep_references(self, parent: EntitySet, gone: list[Any]) -> list[tuple[str, str, Any]]:
+        """With `resolved_references`, nothing may point at the records just deleted: their
+        documents go with them (contained), and records whose navigation reference named one
+        are updated to name a surviving record instead, as a merge of duplicates does (their
+        `updated_at` moves). The changes made: (set, kind, key)."""
+        if not self.resolved_references or not gone:
+            return []
+        changed: list[tuple[str, str, Any]] = []
+        if parent is cat.PATIENTS:
+            for patient_id in gone:
+                for meta in list(self.documents.list(str(patient_id))):
+                    self.documents.delete(str(patient_id), meta["id"])
+                    changed.append((cat.DOCUMENTS.name, "delete", meta["id"]))
+        survivors = self.tables[parent.name].keys
+        names = {str(key) for key in gone}
+        for child_name, field_name, parent_name in sorted(generator.RESOLVED):
+            if parent_name != parent.name or not survivors:
+                continue
+            child = self.tables[child_name]
+            spec = child.entity.field(field_name)
+            kind = str if spec.type is cat.Edm.STRING else int
+            stamp = child.entity.by_name.get("updated_at")
+            orphans = [r for r in child.rows if str(r.get(field_name)) in names]
+            for row in orphans:
+                record = dict(row)
+                record[field_name] = kind(survivors[int(self._rng.integers(len(survivors)))])
+                if stamp is not None:
+                    moment = np.array([int(self.now.timestamp())])
+                    record["updated_at"] = generator.instants_as(stamp, self._rng, moment)[0]
+                child.upsert(record)
+                changed.append((child_name, "update", record.get(child.entity.key)))
+        self._indexes.clear()
+        return changed
 
     def _seed_documents(self) -> None:
         patients = self.tables[cat.PATIENTS.name].rows
