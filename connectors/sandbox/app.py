@@ -251,6 +251,8 @@ class Sandbox:
                     deletes=c.drift_deletes,
                     rng=self.faults.drift_rng,
                 )
+                if expands_target(query, cat.DOCUMENTS.name):
+                    self._drift_documents()
         with self.store.lock:
             page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
         return json_response(self._envelope(request, entity.name, page.records, page.count))
@@ -305,10 +307,20 @@ class Sandbox:
         query = parse_query(query_options(request), cat.DOCUMENTS)
         if query.expand:
             raise invalid_query("Documents have no navigation properties to expand.")
+        if self.faults.should_drift():
+            with self.store.lock:
+                self._drift_documents()
         rows = self.store.documents.list(patient_id)
         view = _ListView(rows, [r["id"] for r in rows])
         page = run_collection(query, cat.DOCUMENTS, view, self.store.related)
         return json_response(self._envelope(request, "Documents", page.records, page.count))
+
+    def _drift_documents(self) -> None:
+        """Uploads and deletes between two listings (SandboxConfig's drift); hold the lock."""
+        c = self.config
+        self.store.drift_documents(
+            uploads=c.drift_inserts, deletes=c.drift_deletes, rng=self.faults.drift_rng
+        )
 
     async def _upload(self, request: Request, patient_id: str) -> Response:
         declared = int(request.headers.get("content-length") or 0)

@@ -329,6 +329,27 @@ class Store:
             self.changes.append(Change(entity.name, "update", key, self.now))
         self._indexes.clear()
 
+    def drift_documents(self, *, uploads: int = 1, deletes: int = 1, rng: random.Random) -> None:
+        """Documents change between two listing requests as a clinic's do: deletes of any
+        document, uploads to random patients (patients a reader has listed already too).
+        Logged in `changes` as the entity "Documents"."""
+        self.now += timedelta(seconds=1)
+        name = cat.DOCUMENTS.name
+        for _ in range(deletes):
+            documents = [
+                (p, m["id"]) for p, docs in self.documents.by_patient.items() for m in docs
+            ]
+            if documents:
+                patient_id, doc_id = documents[rng.randrange(len(documents))]
+                self.documents.delete(patient_id, doc_id)
+                self.changes.append(Change(name, "delete", doc_id, self.now))
+        patients = self.tables[cat.PATIENTS.name]
+        for _ in range(uploads):
+            if len(patients):
+                patient_id = str(patients.keys[rng.randrange(len(patients))])
+                meta = self._add_sample_document(patient_id, rng.randrange(1_000_000))
+                self.changes.append(Change(name, "insert", meta["id"], self.now))
+
     def plant(self, entity: EntitySet, record: dict) -> None:
         """Put any record, even a malformed one, into a set (hostile-data tests)."""
         self.tables[entity.name].upsert(record)
@@ -445,15 +466,19 @@ class Store:
     def _seed_documents(self) -> None:
         patients = self.tables[cat.PATIENTS.name].rows
         rng = np.random.default_rng([self.seed, 98])
-        kinds = list(SAMPLE_BYTES)
         for i in np.flatnonzero(rng.random(len(patients)) < DOCUMENTS_PER_PATIENT).tolist():
-            content_type = kinds[i % len(kinds)]
-            self.documents.add(
-                patient_id=patients[i]["id"],
-                file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
-                content_type=content_type,
-                data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
-                document_type=["Prescription", "Insurance card", None][i % 3],
-                description=None if i % 4 else "Scanned on intake",
-                uploaded_by_id=str(1 + i % 50),
-            )
+            self._add_sample_document(patients[i]["id"], i)
+
+    def _add_sample_document(self, patient_id: str, i: int) -> dict:
+        """A small valid file of one of the accepted types, varied by `i`."""
+        kinds = list(SAMPLE_BYTES)
+        content_type = kinds[i % len(kinds)]
+        return self.documents.add(
+            patient_id=patient_id,
+            file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
+            content_type=content_type,
+            data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
+            document_type=["Prescription", "Insurance card", None][i % 3],
+            description=None if i % 4 else "Scanned on intake",
+            uploaded_by_id=str(1 + i % 50),
+        )
