@@ -97,3 +97,16 @@ def test_documents_stay_still_with_drift_off(fresh_sandbox: SandboxServer) -> No
             client.get(f"Patients({patient_id})/Documents").raise_for_status()
         client.get("Patients", params={"$expand": "Documents"}).raise_for_status()
     assert fresh_sandbox.control().changes() == []
+
+
+def test_a_day_of_changes_can_move_documents(fresh_sandbox: SandboxServer) -> None:
+    """`advance(document_fraction=...)` uploads and deletes documents; without it (the
+    default) documents stay as they are and the summary does not name them."""
+    control = fresh_sandbox.control()
+    before = {d["id"] for d in control.truth()[cat.DOCUMENTS.name]}
+    assert cat.DOCUMENTS.name not in control.advance(seconds=3600)
+    assert {d["id"] for d in control.truth()[cat.DOCUMENTS.name]} == before
+    moved = control.advance(seconds=3600, document_fraction=0.5)[cat.DOCUMENTS.name]
+    after = {d["id"] for d in control.truth()[cat.DOCUMENTS.name]}
+    assert moved["inserted"] == len(after - before) > 0
+    assert moved["deleted"] == len(before - after) > 0

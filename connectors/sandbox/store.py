@@ -275,13 +275,17 @@ class Store:
         insert_fraction: float = 0.01,
         update_fraction: float = 0.01,
         delete_fraction: float = 0.002,
+        document_fraction: float = 0.0,
     ) -> dict[str, dict[str, int]]:
-        """Move the clock; insert, update and hard-delete records in every set."""
+        """Move the clock; insert, update and hard-delete records in every set; with
+        `document_fraction`, upload that share of the documents count to random patients and
+        delete as large a share (reported as "Documents"; 0 leaves documents as they are)."""
         for name, value in (
             ("seconds", seconds),
             ("insert_fraction", insert_fraction),
             ("update_fraction", update_fraction),
             ("delete_fraction", delete_fraction),
+            ("document_fraction", document_fraction),
         ):
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -295,7 +299,22 @@ class Store:
             inserted = self._insert(table, self._share(n, insert_fraction), before)
             summary[name] = {"inserted": inserted, "updated": updated, "deleted": deleted}
         self._indexes.clear()
+        if document_fraction:
+            summary[cat.DOCUMENTS.name] = self._advance_documents(document_fraction)
         return summary
+
+    def _advance_documents(self, fraction: float) -> dict[str, int]:
+        """A day of uploads and deletes of patient documents, at `fraction` of their count."""
+        held = [(p, m["id"]) for p, docs in self.documents.by_patient.items() for m in docs]
+        deletes = self._share(len(held), fraction)
+        picks = self._rng.choice(len(held), size=min(deletes, len(held)), replace=False)
+        for i in picks.tolist():
+            self.documents.delete(*held[i])
+        patients = self.tables[cat.PATIENTS.name].keys
+        uploads = self._share(len(held), fraction) if patients else 0
+        for i in self._rng.integers(0, len(patients), uploads).tolist():
+            self._add_sample_document(str(patients[i]), i)
+        return {"inserted": uploads, "updated": 0, "deleted": len(picks)}
 
     def drift(
         self,
