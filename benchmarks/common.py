@@ -61,13 +61,20 @@ def add_sandbox_options(
     parser.add_argument("--rate", type=float, default=rate)
     parser.add_argument("--burst", type=int, default=10)
     parser.add_argument("--latency", type=float, default=latency)
+    parser.add_argument(
+        "--resolved-references",
+        action="store_true",
+        help="the sandbox's switch under which every navigation reference resolves",
+    )
 
 
 def sandbox_args(args: argparse.Namespace) -> list[str]:
     """`clinical-sync sandbox` arguments for the options of `add_sandbox_options`."""
+    resolved = getattr(args, "resolved_references", False)
     return [
         *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"),
         *("--burst", str(args.burst), "--latency", f"{args.latency:g}"),
+        *(["--resolved-references"] if resolved else []),
     ]
 
 

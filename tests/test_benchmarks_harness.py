@@ -128,3 +128,22 @@ def test_dlt_side_lists_documents_once_per_patient(
     assert truth["Documents"]
     diffs = compare_warehouse(warehouse, truth, live_only=False, documents=True)
     assert all(d.equal for d in diffs.values()), {n: d.describe() for n, d in diffs.items()}
+
+
+@pytest.mark.integration
+def test_expansion_cost_prints_every_run_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/expansion_cost.py end to end at a tiny size: naive, ours full (documents
+    included), dlt full, ours nightly, each with its ratio, wall time and truth check, and a
+    verdict per target (today's figures may FAIL them: the script must measure, not pass)."""
+    script = DLT_SOURCE.parent / "expansion_cost.py"
+    cmd = [sys.executable, str(script), "--scale", "0.05", "--rate", "100"]
+    cmd += ["--variants", "resolved", "--no-record"]
+    run = run_measured(cmd, child_env({}), tmp_path, timeout=240)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    for name in ("naive", "ours full", "dlt full", "ours nightly"):
+        assert any(line.startswith(name) for line in lines), run.stdout
+    full = next(line for line in lines if line.startswith("ours full")).split()
+    assert full[-1] == "yes"  # a full sync equals the truth, documents included
+    verdicts = [line.split()[0] for line in lines if "naive" in line and "<=" in line]
+    assert verdicts and set(verdicts) <= {"PASS", "FAIL"}
