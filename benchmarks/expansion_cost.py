@@ -35,6 +35,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record, sandbox_process
+from benchmarks.e2e_vs_dlt import last_error
 from benchmarks.measure import (
     child_env,
     console_script,
@@ -77,6 +78,7 @@ class Run:
     wall_s: float
     diffs: dict[str, SetDiff]
     steps: list[str]  # the commands it took
+    failed: str | None = None  # the error a tool gave up with (dlt's runs only)
 
     def exact(self) -> bool:
         return all(d.equal for d in self.diffs.values())
@@ -92,6 +94,7 @@ class Run:
             "wall_over_floor": round(self.wall_s / floor, 3) if floor else None,
             "equals_truth": summary(self.diffs),
             "steps": self.steps,
+            "failed": self.failed,
         }
 
 
@@ -156,8 +159,9 @@ def dlt_full(control: SandboxControl, sandbox: Mapping[str, str], root: Path) ->
     process = run_measured(cmd, child_env(dict(sandbox)), root / "dlt")
     seen = server_figures(before, control.stats())
     diffs = compare_warehouse(warehouse, control.truth(), live_only=False, documents=True)
-    steps = ["dlt_source.py --documents" + ("" if process.returncode == 0 else " (FAILED)")]
-    return Run("dlt full", seen.requests, seen.http_429, process.seconds, diffs, steps)
+    failed = last_error(process.stderr) if process.returncode else None
+    steps = ["dlt_source.py --documents"]
+    return Run("dlt full", seen.requests, seen.http_429, process.seconds, diffs, steps, failed)
 
 
 def variant(args: argparse.Namespace, name: str, root: Path) -> dict[str, Any]:
@@ -229,6 +233,8 @@ def show(name: str, result: dict[str, Any], args: argparse.Namespace) -> dict[st
             f"{run.wall_s:>9.1f}{f['requests_over_rate_s']:>11.1f}{over}  "
             f"{'yes' if run.exact() else 'no'}"
         )
+        if run.failed:
+            print(f"{'':<16}FAILED: {run.failed}")
         for set_name, diff in run.diffs.items():
             if not diff.equal:
                 print(f"{'':<16}{set_name}: {diff.describe()}")
