@@ -169,6 +169,7 @@ def variant(args: argparse.Namespace, name: str, root: Path) -> dict[str, Any]:
     sandbox_args = [
         *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}", "--burst", str(args.burst)),
         *VARIANTS[name],
+        *(["--token-lifetime", f"{args.token_lifetime:g}"] if args.token_lifetime else []),
     ]
     with sandbox_process(*sandbox_args) as sandbox:
         control = SandboxControl.from_env(sandbox)
@@ -256,6 +257,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=10)
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--no-dlt", action="store_true", help="leave dlt's full run out")
+    parser.add_argument(
+        "--token-lifetime",
+        type=float,
+        help="seconds a sandbox token lives (default: the spec's 300); dlt's per-patient "
+        "documents listing fails with 401 once a token expires mid-run",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not write results.json")
     return parser.parse_args(argv)
 
