@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
@@ -46,11 +47,26 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
             env[name] = value
         if "CLINICAL_CUSTOMER" not in env:
             raise RuntimeError(f"sandbox exited early: {' '.join(cmd)}")
+        wait_until_listening(env["CLINICAL_API_BASE_URL"])
         yield env
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         proc.stdout.close()
+
+
+def wait_until_listening(url: str, timeout: float = 30) -> None:
+    """The sandbox prints its settings before its server listens: wait for the port."""
+    parts = urlsplit(url)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((parts.hostname, parts.port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def add_sandbox_options(
@@ -61,13 +77,20 @@ def add_sandbox_options(
     parser.add_argument("--rate", type=float, default=rate)
     parser.add_argument("--burst", type=int, default=10)
     parser.add_argument("--latency", type=float, default=latency)
+    parser.add_argument(
+        "--resolved-references",
+        action="store_true",
+        help="the sandbox's switch under which every navigation reference resolves",
+    )
 
 
 def sandbox_args(args: argparse.Namespace) -> list[str]:
     """`clinical-sync sandbox` arguments for the options of `add_sandbox_options`."""
+    resolved = getattr(args, "resolved_references", False)
     return [
         *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"),
         *("--burst", str(args.burst), "--latency", f"{args.latency:g}"),
+        *(["--resolved-references"] if resolved else []),
     ]
 
 

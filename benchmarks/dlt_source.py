@@ -4,7 +4,10 @@ Configured as dlt's documentation shows, and no further: OAuth2 client credentia
 `x-api-key` header, offset paging with `$top`/`$skip` and `@odata.count`, `$orderby=id asc`,
 `data_selector="value"`, merge on `id`, and dlt's own incremental (`$filter=<cursor> ge
 {incremental.start_value}`) on the two sets with an `updated_at` cursor; the others are read
-in full every run. Retries are dlt's defaults, and so is sequential extraction: `--parallel`
+in full every run. With `--documents`, patient documents too, listed per patient as a dlt
+user would (a `resolve` parameter from the patients resource: one request per patient), into
+`patient_documents`; left out by default, as the benchmarks that compare the eight sets need
+it. Retries are dlt's defaults, and so is sequential extraction: `--parallel`
 turns on dlt's documented `parallelized=True`, whose threads, against a 5 requests/s limit,
 exhaust dlt's default retries on 429 so that the run fails.
 
@@ -28,8 +31,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from connectors.clinical_records.catalogue import (
+    DOCUMENTS,
     ENTITY_SETS,
     PAGE_SIZE,
+    PATIENTS,
     SCOPE_PREFIX,
     EntitySet,
     Strategy,
@@ -61,8 +66,18 @@ def _resource(entity: EntitySet) -> dict[str, Any]:
     return {"name": entity.table, "endpoint": endpoint}
 
 
-def rest_api_config(env: Mapping[str, str]) -> dict[str, Any]:
-    """The `RESTAPIConfig` for the eight entity sets, from the CLINICAL_* settings."""
+def _documents_resource() -> dict[str, Any]:
+    """Patient documents: `Patients({id})/Documents` for every patient the patients resource
+    yields (dlt's `resolve` parameter), paged like the sets."""
+    patient_id = {"type": "resolve", "resource": PATIENTS.table, "field": PATIENTS.key}
+    params = {"patient_id": patient_id, "$orderby": f"{DOCUMENTS.key} asc", "$count": "true"}
+    path = f"{PATIENTS.name}({{patient_id}})/{DOCUMENTS.name}"
+    return {"name": DOCUMENTS.table, "endpoint": {"path": path, "params": params}}
+
+
+def rest_api_config(env: Mapping[str, str], documents: bool = False) -> dict[str, Any]:
+    """The `RESTAPIConfig` for the eight entity sets (and, with `documents`, the patients'
+    documents), from the CLINICAL_* settings."""
     from dlt.sources.helpers.rest_client.auth import OAuth2ClientCredentials
     from dlt.sources.helpers.rest_client.paginators import OffsetPaginator
 
@@ -90,19 +105,27 @@ def rest_api_config(env: Mapping[str, str]) -> dict[str, Any]:
             "write_disposition": "merge",
             "endpoint": {"data_selector": "value"},
         },
-        "resources": [_resource(e) for e in ENTITY_SETS],
+        "resources": [
+            *(_resource(e) for e in ENTITY_SETS),
+            *([_documents_resource()] if documents else []),
+        ],
     }
 
 
 def run(
-    env: Mapping[str, str], duckdb_path: Path, pipelines_dir: Path, parallelized: bool = False
+    env: Mapping[str, str],
+    duckdb_path: Path,
+    pipelines_dir: Path,
+    parallelized: bool = False,
+    documents: bool = False,
 ) -> dict[str, Any]:
     """One dlt run (the first is full, later ones incremental); rows loaded per table."""
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")  # a benchmark must not call home
     import dlt
     from dlt.sources.rest_api import rest_api_source
 
-    source = rest_api_source(rest_api_config(env), name=PIPELINE, parallelized=parallelized)
+    config = rest_api_config(env, documents=documents)
+    source = rest_api_source(config, name=PIPELINE, parallelized=parallelized)
     pipeline = dlt.pipeline(
         pipeline_name=PIPELINE,
         pipelines_dir=str(pipelines_dir),
@@ -123,8 +146,17 @@ def main() -> None:
     parser.add_argument("--duckdb", type=Path, required=True)
     parser.add_argument("--pipelines-dir", type=Path, required=True)
     parser.add_argument("--parallel", action="store_true", help="dlt's parallelized extraction")
+    parser.add_argument(
+        "--documents", action="store_true", help="also list every patient's documents"
+    )
     args = parser.parse_args()
-    summary = run(os.environ, args.duckdb, args.pipelines_dir, parallelized=args.parallel)
+    summary = run(
+        os.environ,
+        args.duckdb,
+        args.pipelines_dir,
+        parallelized=args.parallel,
+        documents=args.documents,
+    )
     print(json.dumps(summary))
 
 

@@ -37,6 +37,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "e2e_vs_dlt": ["--quick"],
     "scaling": ["--scales", "1", "10"],
     "publish_cost": ["--scales", "10"],
+    "expansion_cost": ["--scale", "1"],
 }
 
 

@@ -20,7 +20,13 @@ from typing import Any
 
 import duckdb
 
-from connectors.clinical_records.catalogue import ENTITY_SETS, Canonical, EntitySet, Field
+from connectors.clinical_records.catalogue import (
+    DOCUMENTS,
+    ENTITY_SETS,
+    Canonical,
+    EntitySet,
+    Field,
+)
 
 
 def _instant(value: Any) -> datetime:
@@ -180,10 +186,12 @@ def compare_warehouse(
     truth: Mapping[str, Sequence[Mapping[str, Any]]],
     schema: str = "clinical",
     live_only: bool = True,
+    documents: bool = False,
 ) -> dict[str, SetDiff]:
-    """Every entity set of the DuckDB file at `path` against the sandbox's ground truth."""
+    """Every entity set of the DuckDB file at `path` against the sandbox's ground truth;
+    with `documents`, the patient documents' metadata (`patient_documents`) too."""
     result = {}
-    for entity in ENTITY_SETS:
+    for entity in (*ENTITY_SETS, *([DOCUMENTS] if documents else [])):
         rows, absent = read_table(path, schema, entity, live_only)
         diff = compare_set(entity, truth.get(entity.name, ()), rows)
         diff.absent_columns = absent

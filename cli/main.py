@@ -19,6 +19,7 @@ def _sandbox(args: argparse.Namespace) -> int:
     config = SandboxConfig(
         seed=args.seed,
         scale=args.scale,
+        resolved_references=args.resolved_references,
         rate=args.rate or None,  # 0 turns the limit off
         burst=args.burst,
         latency=args.latency,
@@ -87,6 +88,12 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         "--refuse-document-expand",
         action="store_true",
         help="answer any $expand naming Documents with 400 InvalidQueryOption",
+    )
+    p.add_argument(
+        "--resolved-references",
+        action="store_true",
+        help="every reference a navigation joins on is set and names a record that exists "
+        "(default: some are null, 1%% of claims dangle, as the spec allows)",
     )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")

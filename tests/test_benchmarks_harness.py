@@ -105,3 +105,45 @@ def test_dlt_side_loads_the_truth_then_keeps_deleted_rows(
     deleted = {name: c["deleted"] for name, c in changes.items()}
     assert sum(deleted.values()) > 0
     assert {name: d.extra for name, d in diffs.items()} == deleted  # merge keeps them all
+
+
+@pytest.mark.integration
+def test_dlt_side_lists_documents_once_per_patient(
+    fresh_sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """`--documents`: one listing request per patient (dlt's `resolve`), documents loaded."""
+    env = child_env(fresh_sandbox.env())
+    control = fresh_sandbox.control()
+    warehouse = tmp_path / "dlt.duckdb"
+    cmd = [sys.executable, str(DLT_SOURCE), "--duckdb", str(warehouse), "--documents"]
+    cmd += ["--pipelines-dir", str(tmp_path / "pipelines")]
+
+    before = control.stats()
+    run = run_measured(cmd, env, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = server_figures(before, control.stats())
+    truth = control.truth()
+    counts = {e.name: len(truth[e.name]) for e in ENTITY_SETS}
+    assert seen.requests == minimum_pages(counts) + counts["Patients"]
+    assert truth["Documents"]
+    diffs = compare_warehouse(warehouse, truth, live_only=False, documents=True)
+    assert all(d.equal for d in diffs.values()), {n: d.describe() for n, d in diffs.items()}
+
+
+@pytest.mark.integration
+def test_expansion_cost_prints_every_run_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/expansion_cost.py end to end at a tiny size: naive, ours full (documents
+    included), dlt full, ours nightly, each with its ratio, wall time and truth check, and a
+    verdict per target (today's figures may FAIL them: the script must measure, not pass)."""
+    script = DLT_SOURCE.parent / "expansion_cost.py"
+    cmd = [sys.executable, str(script), "--scale", "0.05", "--rate", "100"]
+    cmd += ["--variants", "resolved", "--no-record"]
+    run = run_measured(cmd, child_env({}), tmp_path, timeout=240)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    for name in ("naive", "ours full", "dlt full", "ours nightly"):
+        assert any(line.startswith(name) for line in lines), run.stdout
+    full = next(line for line in lines if line.startswith("ours full")).split()
+    assert full[-1] == "yes"  # a full sync equals the truth, documents included
+    verdicts = [line.split()[0] for line in lines if "naive" in line and "<=" in line]
+    assert verdicts and set(verdicts) <= {"PASS", "FAIL"}

@@ -66,7 +66,11 @@ class Sandbox(DocumentEndpoints):
 
     def __init__(self, config: SandboxConfig, store: Store | None = None) -> None:
         self.config = config
-        self.store = store or Store(seed=config.seed, scale=config.scale)
+        self.store = store or Store(
+            seed=config.seed,
+            scale=config.scale,
+            resolved_references=config.resolved_references,
+        )
         self.tokens = TokenService(config)
         self.limiter = RateLimiter(config.rate, config.burst)
         self.faults = FaultInjector(config)
@@ -188,6 +192,8 @@ class Sandbox(DocumentEndpoints):
                     deletes=c.drift_deletes,
                     rng=self.faults.drift_rng,
                 )
+                if expands_target(query, cat.DOCUMENTS.name):
+                    self._drift_documents()
         with self.store.lock:
             page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
         return json_response(envelope(request, entity.name, page.records, page.count))

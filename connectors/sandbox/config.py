@@ -23,6 +23,9 @@ class SandboxConfig:
 
     seed: int = 7
     scale: float = 1.0
+    # Every reference a catalogue navigation joins on is set and names a record that exists,
+    # through advance and drift too (store.Store); off: the spec's nulls and dangling claims.
+    resolved_references: bool = False
     # Credentials the sandbox accepts; secrets are fresh per instance unless given.
     client_id: str = "sandbox-client"
     client_secret: str = field(default_factory=lambda: _secret("secret"))
@@ -43,6 +46,8 @@ class SandboxConfig:
     # Drift: every `drift_every` collection requests the set being read changes before the
     # answer: inserts whose keys land anywhere in key order, updates that move its change
     # cursor, hard deletes. The worst the spec allows (4.2: records may shift between pages).
+    # A request that lists documents (a patient's, or Patients with $expand=Documents) also
+    # drifts them: `drift_inserts` uploads to random patients, `drift_deletes` deletes.
     drift_every: int = 0
     drift_inserts: int = 1
     drift_updates: int = 1

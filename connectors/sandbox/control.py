@@ -45,7 +45,8 @@ class SandboxControl:
 
     def advance(self, **body: float) -> dict[str, dict[str, int]]:
         """Move the source's clock and change a share of the records (inserts, updates,
-        deletes): what happens at the source between two syncs."""
+        deletes; `document_fraction` for patient documents): what happens at the source
+        between two syncs."""
         return self.call("advance", body)
 
     def changes(self) -> list[dict[str, Any]]:

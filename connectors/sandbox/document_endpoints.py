@@ -10,7 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from connectors.clinical_records import catalogue as cat
+from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
+from connectors.sandbox.faults import FaultInjector
 from connectors.sandbox.odata import parse_query, run_collection
 from connectors.sandbox.responses import base_url, envelope, json_response
 from connectors.sandbox.routes import Resource, parse_key, query_options
@@ -28,9 +30,12 @@ class _ListView:
 
 
 class DocumentEndpoints:
-    """The document handlers of `Sandbox` (a mixin: the sandbox holds the store)."""
+    """The document handlers of `Sandbox` (a mixin: the sandbox holds the store, its
+    switches and its faults)."""
 
     store: Store
+    config: SandboxConfig
+    faults: FaultInjector
 
     def _patient_id(self, resource: Resource) -> str:
         assert resource.key is not None
@@ -46,10 +51,20 @@ class DocumentEndpoints:
         query = parse_query(query_options(request), cat.DOCUMENTS)
         if query.expand:
             raise invalid_query("Documents have no navigation properties to expand.")
+        if self.faults.should_drift():
+            with self.store.lock:
+                self._drift_documents()
         rows = self.store.documents.list(patient_id)
         view = _ListView(rows, [r["id"] for r in rows])
         page = run_collection(query, cat.DOCUMENTS, view, self.store.related)
         return json_response(envelope(request, "Documents", page.records, page.count))
+
+    def _drift_documents(self) -> None:
+        """Uploads and deletes between two listings (SandboxConfig's drift); hold the lock."""
+        c = self.config
+        self.store.drift_documents(
+            uploads=c.drift_inserts, deletes=c.drift_deletes, rng=self.faults.drift_rng
+        )
 
     async def _upload(self, request: Request, patient_id: str) -> Response:
         declared = int(request.headers.get("content-length") or 0)

@@ -43,6 +43,29 @@ BULK_EDIT_SIZE = 300  # appointments that share one updated_at
 # Key family -> the entity set whose key it is (patient -> Patients, ...), from the catalogue.
 HOME: dict[str, EntitySet] = {e.key_field.key: e for e in cat.ENTITY_SETS if e.key_field.key}
 
+
+def navigation_references() -> frozenset[tuple[str, str, str]]:
+    """(set, field, parent set) for every field a catalogue navigation joins on to reach a
+    parent: the `remote` of a many-navigation (Appointments.patient_id for
+    Patients->Appointments) and the `local` of a single one (Appointments.patient_id for
+    Appointments->Patients). Contained Documents are kept by patient, not generated here."""
+    found = set()
+    for entity in cat.ENTITY_SETS:
+        for nav in entity.navigations:
+            if nav.contained or nav.target not in cat.BY_NAME:
+                continue
+            target = cat.BY_NAME[nav.target]
+            if nav.many and nav.local == entity.key:
+                found.add((target.name, nav.remote, entity.name))
+            elif not nav.many and nav.remote == target.key:
+                found.add((entity.name, nav.local, target.name))
+    return frozenset(found)
+
+
+# Under `resolved` generation these are never null and always name an existing record.
+RESOLVED: frozenset[tuple[str, str, str]] = navigation_references()
+RESOLVED_FIELDS: frozenset[tuple[str, str]] = frozenset((s, f) for s, f, _ in RESOLVED)
+
 FIRST_NAMES = [
     "Ana", "Zoë", "José", "Chloé", "Björn", "Nguyễn", "Mary-Jane", "D'Arcy", "Łukasz", "Siobhán",
     "O'Neil", "Renée", "Søren", "Aiyana", "Kwame", "Mei", "Ömer", "Yusuf", "Lars", "Priya",
@@ -128,6 +151,10 @@ class Context:
     now: float  # epoch seconds of the sandbox clock
     columns: dict[str, list]  # columns of this set made so far (overrides may read them)
     created: np.ndarray  # creation instants (epoch seconds), made first: later times follow it
+    resolved: bool = False  # navigation references never null, never dangling
+
+    def resolves(self, fld: Field) -> bool:
+        return self.resolved and (self.entity.name, fld.name) in RESOLVED_FIELDS
 
     def times(self, start: float | None = None) -> np.ndarray:
         """Epoch seconds between `start` (default: three years ago) and now."""
@@ -219,7 +246,10 @@ def reference(ctx: Context, fld: Field) -> Column:
             else [f"{fld.key[:3]}-{i:04d}" for i in range(1, 60)]
         )
     elif home.name == ctx.entity.name:
-        pool = ctx.ids
+        existing = ctx.made.get(home.name) if ctx.resolves(fld) else None
+        # A self reference points among the new records, or (resolved, when the set already
+        # has records) at one that exists: a new record's serial may yet give way to a key.
+        pool = [r[home.key] for r in existing] if existing else ctx.ids
     else:
         pool = [r[home.key] for r in ctx.made[home.name]]
     kind = str if fld.type is Edm.STRING else int
@@ -365,7 +395,10 @@ def dangling_prescription(ctx: Context, fld: Field) -> Column:
     values = reference(ctx, fld)
     missing = max(1, round(ctx.n * DANGLING_CLAIMS)) if ctx.n >= 50 else 0
     top = max((r["id"] for r in ctx.made["Prescriptions"]), default=0)
-    for j, i in enumerate(ctx.rng.choice(ctx.n, missing, replace=False).tolist()):
+    picks = ctx.rng.choice(ctx.n, missing, replace=False).tolist()  # drawn either way: the
+    if ctx.resolves(fld):  # rest of the data stays the same with or without `resolved`
+        return values
+    for j, i in enumerate(picks):
         values[i] = top + 1_000_000 + j
     return values
 
@@ -438,12 +471,14 @@ def make_records(
     first_id: int,
     now: float,
     created_after: float | None = None,
+    resolved: bool = False,
 ) -> list[dict]:
-    """`n` new records of one set; `created_after` places them in (created_after, now]."""
+    """`n` new records of one set; `created_after` places them in (created_after, now];
+    `resolved`: every navigation reference set and naming a record of `made`."""
     ids = make_ids(entity, first_id, n, rng)
     start = now - HISTORY_SECONDS if created_after is None else created_after
     created = np.sort(rng.uniform(start, now, n)).astype(np.int64) + 1
-    ctx = Context(rng, n, entity, made, ids, now, {}, created)
+    ctx = Context(rng, n, entity, made, ids, now, {}, created, resolved)
     columns = ctx.columns
     for fld in entity.fields:
         if fld.name == entity.key:
@@ -451,21 +486,23 @@ def make_records(
             continue
         rule = OVERRIDES.get((entity.name, fld.name), fill)
         values = rule(ctx, fld)
-        columns[fld.name] = _awkward(values, fld, rng)
+        columns[fld.name] = _awkward(values, fld, rng, keep=ctx.resolves(fld))
     names = [f.name for f in entity.fields]
     return [
         dict(zip(names, row, strict=True)) for row in zip(*(columns[k] for k in names), strict=True)
     ]
 
 
-def _awkward(values: list, fld: Field, rng: np.random.Generator) -> list:
-    """Nulls where the spec allows them; never longer than the max length."""
+def _awkward(values: list, fld: Field, rng: np.random.Generator, keep: bool = False) -> list:
+    """Nulls where the spec allows them (none when `keep`, though drawn alike so the other
+    columns do not change); never longer than the max length."""
     if fld.max_length:
         values = [v[: fld.max_length] if isinstance(v, str) else v for v in values]
     n = len(values)
     if not fld.required and fld.name not in ALWAYS_SET:
         for i in np.flatnonzero(rng.random(n) < NULL_SHARE).tolist():
-            values[i] = None
+            if not keep:
+                values[i] = None
     return values
 
 
@@ -474,8 +511,10 @@ def first_id(entity: EntitySet) -> int:
     return 1000 if entity.key_field.type is Edm.STRING else 1
 
 
-def generate(seed: int, scale: float, now: datetime = EPOCH) -> dict[str, list[dict]]:
-    """Every entity set, sorted by key, reproducible from (seed, scale)."""
+def generate(
+    seed: int, scale: float, now: datetime = EPOCH, resolved: bool = False
+) -> dict[str, list[dict]]:
+    """Every entity set, sorted by key, reproducible from (seed, scale, resolved)."""
     made: dict[str, list[dict]] = {}
     for entity in generation_order():
         rng = np.random.default_rng([seed, cat.ENTITY_SETS.index(entity)])
@@ -486,6 +525,7 @@ def generate(seed: int, scale: float, now: datetime = EPOCH) -> dict[str, list[d
             made=made,
             first_id=first_id(entity),
             now=now.timestamp(),
+            resolved=resolved,
         )
         rows.sort(key=lambda r, k=entity.key: r[k])
         made[entity.name] = rows

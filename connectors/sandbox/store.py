@@ -203,14 +203,25 @@ SAMPLE_BYTES: dict[str, bytes] = {
 class Store:
     """Every table, the documents and the clock of one sandbox; guard with `lock`."""
 
-    def __init__(self, seed: int = 7, scale: float = 1.0, now: datetime | None = None) -> None:
+    def __init__(
+        self,
+        seed: int = 7,
+        scale: float = 1.0,
+        now: datetime | None = None,
+        resolved_references: bool = False,
+    ) -> None:
         self.seed = seed
         self.scale = scale
         self.now = now or generator.EPOCH
+        # Every navigation reference set and naming a record that exists, through every
+        # insert, update and delete (generator.RESOLVED); off: the spec's dangling and nulls.
+        self.resolved_references = resolved_references
         self.lock = threading.RLock()
         self.tables: dict[str, Table] = {
             name: Table(cat.BY_NAME[name], rows)
-            for name, rows in generator.generate(seed, scale, self.now).items()
+            for name, rows in generator.generate(
+                seed, scale, self.now, resolved=resolved_references
+            ).items()
         }
         self.documents = DocumentStore(clock=lambda: self.now)
         self._rng = np.random.default_rng([seed, 99])
@@ -264,13 +275,17 @@ class Store:
         insert_fraction: float = 0.01,
         update_fraction: float = 0.01,
         delete_fraction: float = 0.002,
+        document_fraction: float = 0.0,
     ) -> dict[str, dict[str, int]]:
-        """Move the clock; insert, update and hard-delete records in every set."""
+        """Move the clock; insert, update and hard-delete records in every set; with
+        `document_fraction`, upload that share of the documents count to random patients and
+        delete as large a share (reported as "Documents"; 0 leaves documents as they are)."""
         for name, value in (
             ("seconds", seconds),
             ("insert_fraction", insert_fraction),
             ("update_fraction", update_fraction),
             ("delete_fraction", delete_fraction),
+            ("document_fraction", document_fraction),
         ):
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -279,12 +294,27 @@ class Store:
         summary = {}
         for name, table in self.tables.items():
             n = len(table)
-            deleted = self._delete(table, self._share(n, delete_fraction))
+            deleted = len(self._delete(table, self._share(n, delete_fraction)))
             updated = len(self._update(table, self._share(n, update_fraction), before))
             inserted = self._insert(table, self._share(n, insert_fraction), before)
             summary[name] = {"inserted": inserted, "updated": updated, "deleted": deleted}
         self._indexes.clear()
+        if document_fraction:
+            summary[cat.DOCUMENTS.name] = self._advance_documents(document_fraction)
         return summary
+
+    def _advance_documents(self, fraction: float) -> dict[str, int]:
+        """A day of uploads and deletes of patient documents, at `fraction` of their count."""
+        held = [(p, m["id"]) for p, docs in self.documents.by_patient.items() for m in docs]
+        deletes = self._share(len(held), fraction)
+        picks = self._rng.choice(len(held), size=min(deletes, len(held)), replace=False)
+        for i in picks.tolist():
+            self.documents.delete(*held[i])
+        patients = self.tables[cat.PATIENTS.name].keys
+        uploads = self._share(len(held), fraction) if patients else 0
+        for i in self._rng.integers(0, len(patients), uploads).tolist():
+            self._add_sample_document(str(patients[i]), i)
+        return {"inserted": uploads, "updated": 0, "deleted": len(picks)}
 
     def drift(
         self,
@@ -306,6 +336,8 @@ class Store:
                 key = table.keys[rng.randrange(len(table))]
                 table.delete(key)
                 self.changes.append(Change(entity.name, "delete", key, self.now))
+                for name, kind, other in self._keep_references(entity, [key]):
+                    self.changes.append(Change(name, kind, other, self.now))
         for _ in range(inserts):
             key = _free_key(table, rng.choice(PLACES), rng)
             if key is None:
@@ -315,6 +347,27 @@ class Store:
         for key in self._update(table, updates, before, rng=rng):
             self.changes.append(Change(entity.name, "update", key, self.now))
         self._indexes.clear()
+
+    def drift_documents(self, *, uploads: int = 1, deletes: int = 1, rng: random.Random) -> None:
+        """Documents change between two listing requests as a clinic's do: deletes of any
+        document, uploads to random patients (patients a reader has listed already too).
+        Logged in `changes` as the entity "Documents"."""
+        self.now += timedelta(seconds=1)
+        name = cat.DOCUMENTS.name
+        for _ in range(deletes):
+            documents = [
+                (p, m["id"]) for p, docs in self.documents.by_patient.items() for m in docs
+            ]
+            if documents:
+                patient_id, doc_id = documents[rng.randrange(len(documents))]
+                self.documents.delete(patient_id, doc_id)
+                self.changes.append(Change(name, "delete", doc_id, self.now))
+        patients = self.tables[cat.PATIENTS.name]
+        for _ in range(uploads):
+            if len(patients):
+                patient_id = str(patients.keys[rng.randrange(len(patients))])
+                meta = self._add_sample_document(patient_id, rng.randrange(1_000_000))
+                self.changes.append(Change(name, "insert", meta["id"], self.now))
 
     def plant(self, entity: EntitySet, record: dict) -> None:
         """Put any record, even a malformed one, into a set (hostile-data tests)."""
@@ -338,6 +391,7 @@ class Store:
             first_id=self._next_id[name],
             now=self.now.timestamp(),
             created_after=after.timestamp(),
+            resolved=self.resolved_references,
         )
         self._next_id[name] += n
         if key is not None:
@@ -364,6 +418,7 @@ class Store:
             first_id=0,
             now=self.now.timestamp(),
             created_after=after.timestamp(),
+            resolved=self.resolved_references,
         )
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
         size = min(n, len(table))
@@ -383,25 +438,66 @@ class Store:
             keys.append(record.get(entity.key))
         return keys
 
-    def _delete(self, table: Table, n: int) -> int:
+    def _delete(self, table: Table, n: int) -> list[Any]:
+        """Hard-delete `n` random records; the keys deleted."""
         if n == 0 or not len(table):
-            return 0
+            return []
         picks = self._rng.choice(len(table), size=min(n, len(table)), replace=False)
         keys = [table.rows[i].get(table.entity.key) for i in picks.tolist()]
-        return sum(table.delete(key) for key in keys)
+        gone = [key for key in keys if table.delete(key)]
+        self._keep_references(table.entity, gone)
+        return gone
+
+    def _keep_references(self, parent: EntitySet, gone: list[Any]) -> list[tuple[str, str, Any]]:
+        """With `resolved_references`, nothing may point at the records just deleted: their
+        documents go with them (contained), and records whose navigation reference named one
+        are updated to name a surviving record instead, as a merge of duplicates does (their
+        `updated_at` moves). The changes made: (set, kind, key)."""
+        if not self.resolved_references or not gone:
+            return []
+        changed: list[tuple[str, str, Any]] = []
+        if parent is cat.PATIENTS:
+            for patient_id in gone:
+                for meta in list(self.documents.list(str(patient_id))):
+                    self.documents.delete(str(patient_id), meta["id"])
+                    changed.append((cat.DOCUMENTS.name, "delete", meta["id"]))
+        survivors = self.tables[parent.name].keys
+        names = {str(key) for key in gone}
+        for child_name, field_name, parent_name in sorted(generator.RESOLVED):
+            if parent_name != parent.name or not survivors:
+                continue
+            child = self.tables[child_name]
+            spec = child.entity.field(field_name)
+            kind = str if spec.type is cat.Edm.STRING else int
+            stamp = child.entity.by_name.get("updated_at")
+            orphans = [r for r in child.rows if str(r.get(field_name)) in names]
+            for row in orphans:
+                record = dict(row)
+                record[field_name] = kind(survivors[int(self._rng.integers(len(survivors)))])
+                if stamp is not None:
+                    moment = np.array([int(self.now.timestamp())])
+                    record["updated_at"] = generator.instants_as(stamp, self._rng, moment)[0]
+                child.upsert(record)
+                changed.append((child_name, "update", record.get(child.entity.key)))
+        self._indexes.clear()
+        return changed
 
     def _seed_documents(self) -> None:
         patients = self.tables[cat.PATIENTS.name].rows
         rng = np.random.default_rng([self.seed, 98])
-        kinds = list(SAMPLE_BYTES)
         for i in np.flatnonzero(rng.random(len(patients)) < DOCUMENTS_PER_PATIENT).tolist():
-            content_type = kinds[i % len(kinds)]
-            self.documents.add(
-                patient_id=patients[i]["id"],
-                file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
-                content_type=content_type,
-                data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
-                document_type=["Prescription", "Insurance card", None][i % 3],
-                description=None if i % 4 else "Scanned on intake",
-                uploaded_by_id=str(1 + i % 50),
-            )
+            self._add_sample_document(patients[i]["id"], i)
+
+    def _add_sample_document(self, patient_id: str, i: int) -> dict:
+        """A small valid file of one of the accepted types, varied by `i`."""
+        kinds = list(SAMPLE_BYTES)
+        content_type = kinds[i % len(kinds)]
+        return self.documents.add(
+            patient_id=patient_id,
+            file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
+            content_type=content_type,
+            data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
+            document_type=["Prescription", "Insurance card", None][i % 3],
+            description=None if i % 4 else "Scanned on intake",
+            uploaded_by_id=str(1 + i % 50),
+        )
