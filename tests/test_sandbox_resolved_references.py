@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from connectors.clinical_records import catalogue as cat
-from connectors.sandbox import generator
+from connectors.sandbox import columns, generator
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from tests.conftest import api_client
@@ -43,7 +43,7 @@ def unresolved(client: httpx.Client) -> list[tuple[str, str, object]]:
     keys = {name: {str(r["id"]) for r in rows} for name, rows in sets.items()}
     bad = [
         (child, field, row.get(field))
-        for child, field, parent in sorted(generator.RESOLVED)
+        for child, field, parent in sorted(columns.RESOLVED)
         for row in sets[child]
         if row.get(field) is None or str(row[field]) not in keys[parent]
     ]
@@ -60,7 +60,7 @@ def test_the_fields_that_must_resolve_are_the_navigations_joins() -> None:
         ("Claims", "prescription_id", "Prescriptions"),
         ("InsuranceVerifications", "prescription_id", "Prescriptions"),
         ("Prescriptions", "patient_id", "Patients"),
-    } <= generator.RESOLVED
+    } <= columns.RESOLVED
 
 
 def test_default_data_has_nulls_and_dangling_claims(fresh_sandbox: SandboxServer) -> None:
@@ -92,7 +92,7 @@ def test_the_same_seed_gives_the_same_data_apart_from_references() -> None:
     for entity in cat.ENTITY_SETS:
         assert [r["id"] for r in plain[entity.name]] == [r["id"] for r in resolved[entity.name]]
         others = [
-            f.name for f in entity.fields if (entity.name, f.name) not in generator.RESOLVED_FIELDS
+            f.name for f in entity.fields if (entity.name, f.name) not in columns.RESOLVED_FIELDS
         ]
         for a, b in zip(plain[entity.name], resolved[entity.name], strict=True):
             assert {k: a[k] for k in others} == {k: b[k] for k in others}

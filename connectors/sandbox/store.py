@@ -8,12 +8,11 @@ truth is what a perfect sync would hold.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import threading
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +20,8 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import EntitySet, Navigation
-from connectors.sandbox import generator
+from connectors.sandbox import columns, generator
+from connectors.sandbox.document_store import SAMPLE_BYTES, DocumentStore
 
 DOCUMENTS_PER_PATIENT = 0.05  # seeded documents: about one patient in twenty has one
 UPDATABLE_SKIP = frozenset({"id", "created_at", "created_by_id"})
@@ -125,81 +125,6 @@ class Table:
         return len(self.rows)
 
 
-@dataclass
-class DocumentStore:
-    """Patient documents: metadata per patient (sorted by id) and the bytes by id."""
-
-    clock: Any  # () -> datetime, the sandbox clock
-    by_patient: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
-    content: dict[str, bytes] = field(default_factory=dict)
-    owner: dict[str, str] = field(default_factory=dict)
-    _serial: int = 0
-
-    def add(
-        self,
-        *,
-        patient_id: str,
-        file_name: str,
-        content_type: str,
-        data: bytes,
-        document_type: str | None,
-        description: str | None,
-        uploaded_by_id: str,
-    ) -> dict:
-        self._serial += 1
-        digest = hashlib.sha256(f"{patient_id}/{self._serial}".encode()).hexdigest()
-        doc_id = f"doc-{digest[:20]}"
-        uploaded = self.clock() + timedelta(microseconds=self._serial)
-        meta = {
-            "id": doc_id,
-            "patient_id": patient_id,
-            "file_name": file_name,
-            "content_type": content_type,
-            "file_size_bytes": len(data),
-            "document_type": document_type,
-            "description": description,
-            "uploaded_by_id": uploaded_by_id,
-            "uploaded_at": uploaded.isoformat(timespec="microseconds").replace("+00:00", "Z"),
-        }
-        insort(self.by_patient[patient_id], meta, key=lambda m: m["id"])
-        self.content[doc_id] = data
-        self.owner[doc_id] = patient_id
-        return dict(meta)
-
-    def list(self, patient_id: str) -> list[dict]:
-        return self.by_patient.get(patient_id, [])
-
-    def get(self, patient_id: str, doc_id: str) -> tuple[dict, bytes] | None:
-        if self.owner.get(doc_id) != patient_id:
-            return None
-        return self.get_any(doc_id)
-
-    def get_any(self, doc_id: str) -> tuple[dict, bytes] | None:
-        patient_id = self.owner.get(doc_id)
-        if patient_id is None:
-            return None
-        meta = next(m for m in self.by_patient[patient_id] if m["id"] == doc_id)
-        return dict(meta), self.content[doc_id]
-
-    def delete(self, patient_id: str, doc_id: str) -> bool:
-        if self.owner.get(doc_id) != patient_id:
-            return False
-        self.by_patient[patient_id] = [m for m in self.by_patient[patient_id] if m["id"] != doc_id]
-        del self.content[doc_id], self.owner[doc_id]
-        return True
-
-    def all(self) -> list[dict]:
-        return [dict(m) for docs in self.by_patient.values() for m in docs]
-
-
-# Small, valid-looking files per accepted type, for seeded documents.
-SAMPLE_BYTES: dict[str, bytes] = {
-    "application/pdf": b"%PDF-1.4\n% sandbox document\n%%EOF\n",
-    "image/png": b"\x89PNG\r\n\x1a\n" + b"\x00" * 24,
-    "image/jpeg": b"\xff\xd8\xff\xe0" + b"\x00" * 24 + b"\xff\xd9",
-}
-
-
 class Store:
     """Every table, the documents and the clock of one sandbox; guard with `lock`."""
 
@@ -212,9 +137,9 @@ class Store:
     ) -> None:
         self.seed = seed
         self.scale = scale
-        self.now = now or generator.EPOCH
+        self.now = now or columns.EPOCH
         # Every navigation reference set and naming a record that exists, through every
-        # insert, update and delete (generator.RESOLVED); off: the spec's dangling and nulls.
+        # insert, update and delete (columns.RESOLVED); off: the spec's dangling and nulls.
         self.resolved_references = resolved_references
         self.lock = threading.RLock()
         self.tables: dict[str, Table] = {
@@ -463,7 +388,7 @@ class Store:
                     changed.append((cat.DOCUMENTS.name, "delete", meta["id"]))
         survivors = self.tables[parent.name].keys
         names = {str(key) for key in gone}
-        for child_name, field_name, parent_name in sorted(generator.RESOLVED):
+        for child_name, field_name, parent_name in sorted(columns.RESOLVED):
             if parent_name != parent.name or not survivors:
                 continue
             child = self.tables[child_name]
@@ -476,7 +401,7 @@ class Store:
                 record[field_name] = kind(survivors[int(self._rng.integers(len(survivors)))])
                 if stamp is not None:
                     moment = np.array([int(self.now.timestamp())])
-                    record["updated_at"] = generator.instants_as(stamp, self._rng, moment)[0]
+                    record["updated_at"] = columns.instants_as(stamp, self._rng, moment)[0]
                 child.upsert(record)
                 changed.append((child_name, "update", record.get(child.entity.key)))
         self._indexes.clear()

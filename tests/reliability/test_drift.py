@@ -21,7 +21,6 @@ import pytest
 from connectors.clinical_records.catalogue import (
     ALL_ENTITIES,
     DOCUMENTS,
-    ENTITY_SETS,
     PATIENTS,
     Strategy,
 )
@@ -205,7 +204,7 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
 
 def _summary(stdout: str) -> list[str]:
     """The rows of the sync summary table: `<entity set> <mode> ...`."""
-    names = {e.name for e in ENTITY_SETS}
+    names = {e.name for e in ALL_ENTITIES}
     return [line for line in stdout.splitlines() if line.split()[:1] and line.split()[0] in names]
 
 
