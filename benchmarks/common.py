@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
@@ -47,26 +46,11 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
             env[name] = value
         if "CLINICAL_CUSTOMER" not in env:
             raise RuntimeError(f"sandbox exited early: {' '.join(cmd)}")
-        wait_until_listening(env["CLINICAL_API_BASE_URL"])
         yield env
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         proc.stdout.close()
-
-
-def wait_until_listening(url: str, timeout: float = 30) -> None:
-    """The sandbox prints its settings before its server listens: wait for the port."""
-    parts = urlsplit(url)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((parts.hostname, parts.port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def add_sandbox_options(

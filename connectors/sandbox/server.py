@@ -38,6 +38,9 @@ class SandboxServer:
         # headers, then body, waits ~40 ms for the client's delayed ACK (Nagle's algorithm).
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._socket.bind((HOST, port))
+        # Listening from here on: a client that reads the printed settings and connects at
+        # once waits in the backlog until the server runs, instead of being refused.
+        self._socket.listen(2048)
         self.port: int = self._socket.getsockname()[1]
         self.scheme = "https" if ssl_certfile else "http"
         self._server = uvicorn.Server(
