@@ -4,9 +4,9 @@ Per sandbox variant (its default data, then `--resolved-references`, under which
 reference a navigation joins on resolves), one sandbox process at `--rate` requests/s:
   naive      the sum over the eight sets of ceil(records / 100): one plain read of each set,
              documents not counted
-  ours full  `clinical-sync sync --full` into a fresh warehouse, documents included: where
-             `sync` leaves them out, `clinical-sync documents sync --full` runs after it and
-             its cost is added (what an operator must run to have them)
+  ours full  `clinical-sync sync --full` into a fresh warehouse, documents included (a
+             version whose `sync` left them out had `documents sync --full` run after it and
+             its cost added: what an operator had to run to have them)
   dlt full   benchmarks/dlt_source.py --documents (one listing request per patient)
   ours night `clinical-sync sync` (and `documents sync` likewise) after a day of changes:
              about 1% of the records of every set (0.4% inserted, 0.5% updated, 0.1% hard

@@ -293,12 +293,17 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                     snapshot=extraction.snapshot,
                     watermark=extraction.watermark,
                 )
+            hours = 0.0
+            if needs_whole(entity):
+                hours = staleness_hours(last_read_whole(wh.con, entity), datetime.now(UTC))
+            stale = {"source_staleness_hours": -1.0 if math.isinf(hours) else hours}
             wh.add_to_run(
                 context.run.run_id,
                 _selected_entities(context),
                 result,
                 full_snapshot=sync_options.full,
                 reconciled=run_figures(extraction.reconciliation),
+                staleness_hours=stale["source_staleness_hours"],
                 started_at=run_started_at(context.instance, context.run.run_id),
             )
             results = checks.table_check_results(
@@ -312,11 +317,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
             )
             if needs_whole(entity):
-                hours = staleness_hours(last_read_whole(wh.con, entity), datetime.now(UTC))
-                stale = {"source_staleness_hours": -1.0 if math.isinf(hours) else hours}
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
-            else:
-                stale = {"source_staleness_hours": 0.0}
             rows = checks.live_rows(wh.con, entity)
             watermark = wh.watermark(entity)
         yield MaterializeResult(

@@ -104,7 +104,7 @@ def staleness_hours(last_whole: datetime | None, now: datetime) -> float:
     """Hours since a set without `updated_at` was last read whole (never: since forever)."""
     if last_whole is None:
         return math.inf
-    return round(max(0.0, (now - last_whole).total_seconds() / 3600), 2)
+    return round(max(0.0, (now - last_whole).total_seconds() / 3600), 4)
 
 
 def costs_of(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import duckdb
 import pytest
 from dagster import DagsterInstance
 
@@ -23,6 +24,12 @@ from pipelines.runner import sync
 from sync.budget import SetCost, allot, costs_of, parse_budget, reserve, staleness_hours
 
 NOW = datetime(2026, 11, 25, 2, 0, tzinfo=UTC)
+
+
+def duckdb_rows(path: str, sql: str, *params: object) -> list[tuple]:
+    """Rows of the published warehouse (the sync publishes after every run)."""
+    with duckdb.connect(path, read_only=True) as con:
+        return con.execute(sql, list(params)).fetchall()
 
 
 def test_budget_is_requests_or_minutes_at_the_rate():
@@ -99,6 +106,13 @@ def test_a_nightly_run_over_budget_reads_the_stalest_and_says_how_stale(tmp_path
         assert float(first.entities[next(iter(whole))]["source_staleness_hours"]) < 0.1
         stale = [c for c in first.checks if c.name == STALENESS]
         assert stale and all(c.severity == "WARN" for c in stale)
+        ((worst,),) = duckdb_rows(
+            paths["warehouse_path"],
+            'SELECT "max_staleness_hours" FROM "ops"."sync_runs" WHERE "run_id" = ?',
+            first.run_id,
+        )
+        assert worst == max(float(first.entities[n]["source_staleness_hours"]) for n in modes)
+        assert worst > 0
         # The next run reads the one that waited: the stalest first.
         second = sync(tight, instance=i, **paths)
         assert str(second.entities[waiting]["mode"]) == "snapshot", second.entities

@@ -72,6 +72,12 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
                 "reconciliation (re-read by cursor, found in key ranges, found deleted)",
             ),
             "reconcile_requests": ("BIGINT", "Requests reconciliation spent, over the reads"),
+            "max_staleness_hours": (
+                "DOUBLE",
+                "After the run, the longest any of its sets without updated_at had gone "
+                "unread whole, in hours (0: all read whole; a nightly budget reads the "
+                "stalest first)",
+            ),
             "unreconciled": (
                 "BIGINT",
                 "Records by which a set's count still differed from the source when the "

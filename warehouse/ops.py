@@ -144,23 +144,26 @@ def add_to_run(
     *,
     full_snapshot: bool = False,
     reconciled: Mapping[str, int] | None = None,
+    staleness_hours: float = 0.0,
     started_at: datetime | None = None,
 ) -> None:
     """Add a committed load's figures (and its extraction's `reconciled` figures, named
-    as RECONCILE_FIGURES) to its run's row, created by the run's first load
-    (`started_at`: when the run began, not that load); a run of several loads (entity
-    sets, documents) keeps one row that names them all."""
+    as RECONCILE_FIGURES, and how stale its set is) to its run's row, created by the
+    run's first load (`started_at`: when the run began, not that load); a run of several
+    loads (entity sets, documents) keeps one row that names them all."""
     _ensure_run(con, run_id, list(entities), full_snapshot, started_at)
     names = (*RUN_FIGURES, *RECONCILE_FIGURES)
     figures = ", ".join(f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in names)
     extra = reconciled or {}
     con.execute(
         f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
+        '"max_staleness_hours" = greatest(coalesce("max_staleness_hours", 0), ?), '
         '"message" = NULL WHERE "run_id" = ?',
         [
             SUCCESS,
             *(getattr(result, name) for name in RUN_FIGURES),
             *(int(extra.get(name, 0)) for name in RECONCILE_FIGURES),
+            float(staleness_hours),
             run_id,
         ],
     )
