@@ -202,6 +202,41 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         ledger.add_faults(control.stats())
 
 
+@pytest.mark.parametrize(
+    "switch", [{"expand_cap": 3}, {"refuse_document_expand": True}], ids=["cap3", "refused"]
+)
+def test_a_capped_or_refused_expansion_stays_exact_while_the_source_drifts(
+    switch, tmp_path, ledger
+):
+    """Nested collections cut at 3, or `$expand=Documents` refused (400): the full sync and
+    the nightly after a day of changes still end equal to the drifting source (documents
+    too), at more requests."""
+    config = sandbox_config(seed=71, scale=BASE_SCALE, fault_seed=5, **FAULTS, **DRIFT, **switch)
+    with SandboxServer(config) as server:
+        target = Target(server, tmp_path / "target")
+        control = server.control()
+        for day in range(2):
+            if day:
+                control.advance(
+                    seconds=86400,
+                    insert_fraction=0.02,
+                    update_fraction=0.02,
+                    delete_fraction=0.01,
+                    document_fraction=0.02,
+                )
+            mark = len(control.changes())
+            report = target.sync_in_process(full=not day)
+            record_run(ledger, report, len(control.changes()) - mark)
+            assert_reconciled(target)
+            assert_equal_to_source(
+                target, ledger, moved=drifted(server, mark), modes=modes_of(report)
+            )
+            if "refuse_document_expand" in switch:  # listed per patient: one request each
+                spent = int(float(report.entities["Documents"]["requests"]))
+                assert spent >= len(truth(server)[PATIENTS.name]) * 0.9, spent
+        ledger.add_faults(control.stats())
+
+
 def _summary(stdout: str) -> list[str]:
     """The rows of the sync summary table: `<entity set> <mode> ...`."""
     names = {e.name for e in ALL_ENTITIES}
