@@ -75,6 +75,7 @@ from sync.state import (
     read_state,
 )
 from sync.strategy import Mode, Options, Plan, plan
+from warehouse import quality
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
@@ -318,7 +319,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             )
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
-            rows = checks.live_rows(wh.con, entity)
+            rows = quality.live_rows(wh.con, entity)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata={

@@ -1,4 +1,5 @@
-"""Data-quality checks on the clinical tables, as SQL over the warehouse.
+"""Data-quality checks on the clinical tables: Dagster check results over the SQL of
+`warehouse/quality.py` and `warehouse/ops.py`.
 
 The load asset runs the checks of its own table (unique keys, count against the source,
 rejects); referential integrity runs as separate checks after both tables are loaded, at
@@ -31,9 +32,7 @@ from pipelines.resources import WarehouseResource
 from sync.budget import needs_whole
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
-from warehouse import ops
-from warehouse.ddl import CLINICAL
-from warehouse.ident import qualified, quote
+from warehouse import ops, quality
 from warehouse.load import Warehouse
 
 UNIQUE_KEYS = "unique_keys"
@@ -113,18 +112,6 @@ def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetChe
     )
 
 
-def duplicate_keys(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> int:
-    table, key = qualified(CLINICAL, entity.table), quote(entity.key)
-    (dupes,) = con.execute(f"SELECT count(*) - count(DISTINCT {key}) FROM {table}").fetchone()
-    return int(dupes)
-
-
-def live_rows(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> int:
-    table = qualified(CLINICAL, entity.table)
-    (rows,) = con.execute(f'SELECT count(*) FROM {table} WHERE "_deleted_at" IS NULL').fetchone()
-    return int(rows)
-
-
 def table_check_results(
     con: duckdb.DuckDBPyConnection,
     entity: EntitySet,
@@ -133,8 +120,8 @@ def table_check_results(
     snapshot: bool,
     source_total: int | None,
 ) -> list[AssetCheckResult]:
-    dupes = duplicate_keys(con, entity)
-    live = live_rows(con, entity)
+    dupes = quality.duplicate_keys(con, entity)
+    live = quality.live_rows(con, entity)
     rejects = ops.run_rejects(con, entity.name, run_id)
     if snapshot and source_total is not None:
         # A rejected row is in the source's count but not in the table; ops.rejects has it.
@@ -188,23 +175,6 @@ def references() -> list[Reference]:
     ]
 
 
-def dangling(con: duckdb.DuckDBPyConnection, ref: Reference) -> tuple[int, int]:
-    """(live rows with a reference, those whose target is missing or deleted)."""
-    local = ref.source.field(ref.navigation.local)
-    remote = ref.target.field(ref.navigation.remote)
-    same_type = local.canonical is remote.canonical
-    left = f"s.{quote(local.name)}" if same_type else f"CAST(s.{quote(local.name)} AS VARCHAR)"
-    right = f"t.{quote(remote.name)}" if same_type else f"CAST(t.{quote(remote.name)} AS VARCHAR)"
-    source, target = qualified(CLINICAL, ref.source.table), qualified(CLINICAL, ref.target.table)
-    row = con.execute(
-        f"""SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
-                SELECT 1 FROM {target} AS t WHERE {right} = {left} AND t."_deleted_at" IS NULL))
-            FROM {source} AS s
-            WHERE s.{quote(local.name)} IS NOT NULL AND s."_deleted_at" IS NULL"""
-    ).fetchone()
-    return int(row[0]), int(row[1])
-
-
 def reference_check(ref: Reference):
     @asset_check(
         asset=table_key(ref.source),
@@ -217,7 +187,9 @@ def reference_check(ref: Reference):
     )
     def check(context, warehouse: WarehouseResource):
         with Warehouse(warehouse.working(), read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
-            total, missing = dangling(wh.con, ref)
+            total, missing = quality.dangling(
+                wh.con, ref.source, ref.navigation.local, ref.target, ref.navigation.remote
+            )
         return AssetCheckResult(
             passed=missing == 0,
             severity=AssetCheckSeverity.WARN,
