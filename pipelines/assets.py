@@ -8,7 +8,6 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -59,7 +58,14 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
-from sync.budget import allot, costs_of, needs_whole, parse_budget, staleness_hours
+from sync.budget import (
+    allot,
+    costs_of,
+    needs_whole,
+    parse_budget,
+    staleness_figure,
+    staleness_hours,
+)
 from sync.extract import Extraction
 from sync.packed import extract_family
 from sync.progress import current
@@ -68,11 +74,8 @@ from sync.riders import SetInput
 from sync.service_memory import ServiceMemory
 from sync.state import (
     LOCK_WAIT_SECONDS,
+    Committed,
     last_read_whole,
-    read_held_keys,
-    read_parents,
-    read_sizes,
-    read_state,
 )
 from sync.strategy import Mode, Options, Plan, plan
 from warehouse import quality
@@ -160,14 +163,16 @@ def _selected_entities(context: AssetExecutionContext) -> list[str]:
     return [e.name for e in ALL_ENTITIES if e.table in tables]
 
 
-def _set_input(working: str, entity: EntitySet, todo: Plan, watermark: str | None) -> SetInput:
+def _set_input(
+    committed: Committed, entity: EntitySet, todo: Plan, watermark: str | None
+) -> SetInput:
     """What one set's extraction starts from: the keys an increment reconciles against and,
     for a child riding in its parent's pages, the parent of each."""
     one = SetInput(todo, watermark)
     if todo.mode is Mode.INCREMENTAL:
-        one.held = read_held_keys(working, entity)
+        one.held = committed.held_keys(entity)
     if entity.name in RIDES_WITH and entity.contained_in is None and todo.moves_watermark:
-        one.parents = read_parents(working, entity, RIDES_WITH[entity.name][1].remote)
+        one.parents = committed.parents(entity, RIDES_WITH[entity.name][1].remote)
     return one
 
 
@@ -197,13 +202,14 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
         sync_options: SyncOptionsResource,
     ) -> Iterator[Output[Extraction]]:
         settings = clinical_api.settings()
-        working = warehouse.working()
-        options = _within_budget(context, sync_options, settings.rate_limit, working)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
         inputs = {}
-        for e in chosen:
-            state = read_state(working, e)
-            inputs[e.name] = _set_input(working, e, plan(e, state, options), state.watermark)
+        with Committed(warehouse.working()) as committed:  # one read-only look per step
+            options = _within_budget(context, sync_options, settings.rate_limit, committed)
+            for e in chosen:
+                state = committed.state(e)
+                todo = plan(e, state, options)
+                inputs[e.name] = _set_input(committed, e, todo, state.watermark)
         the_lake = lake.lake()
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
@@ -230,14 +236,14 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
 
 
 def _within_budget(
-    context: Any, sync_options: SyncOptionsResource, rate: float, working: str
+    context: Any, sync_options: SyncOptionsResource, rate: float, committed: Committed
 ) -> Options:
     """The run's options; under a nightly budget, with the sets read whole this run."""
     options = sync_options.options()
     budget = parse_budget(sync_options.nightly_budget, rate)
     if budget is None or not options.exact or options.full or options.backfill:
         return options
-    rows, whole = read_sizes(working)
+    rows, whole = committed.sizes()
     started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
     costs = costs_of(ALL_ENTITIES, rows, whole)
     chosen = allot(costs, budget, started)
@@ -297,7 +303,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             hours = 0.0
             if needs_whole(entity):
                 hours = staleness_hours(last_read_whole(wh.con, entity), datetime.now(UTC))
-            stale = {"source_staleness_hours": -1.0 if math.isinf(hours) else hours}
+            stale = {"source_staleness_hours": staleness_figure(hours)}
             wh.add_to_run(
                 context.run.run_id,
                 _selected_entities(context),

@@ -9,6 +9,7 @@ table, which the instance's daemon evaluates (no sensor, no check step).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +30,7 @@ from dagster import (
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
 from pipelines.keys import table_key
 from pipelines.resources import WarehouseResource
-from sync.budget import needs_whole
+from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse import ops, quality
@@ -88,13 +89,10 @@ def staleness_result(hours: float, threshold: float) -> AssetCheckResult:
         severity=AssetCheckSeverity.WARN,
         description=(
             f"last read whole {hours:g} hours ago (warns past {threshold:g})"
-            if hours != float("inf")
+            if math.isfinite(hours)
             else "never read whole"
         ),
-        metadata={
-            "source_staleness_hours": -1.0 if hours == float("inf") else hours,
-            "threshold_hours": threshold,
-        },
+        metadata={"source_staleness_hours": staleness_figure(hours), "threshold_hours": threshold},
     )
 
 

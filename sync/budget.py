@@ -100,6 +100,14 @@ def allot(costs: Sequence[SetCost], budget: int, run_started: datetime) -> froze
     return frozenset(chosen)
 
 
+NEVER = -1.0  # staleness as metadata and ops.sync_runs write it for a set never read whole
+
+
+def staleness_figure(hours: float) -> float:
+    """Hours as metadata holds them: a finite number, NEVER for never read whole."""
+    return NEVER if math.isinf(hours) else hours
+
+
 def staleness_hours(last_whole: datetime | None, now: datetime) -> float:
     """Hours since a set without `updated_at` was last read whole (never: since forever)."""
     if last_whole is None:

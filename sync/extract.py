@@ -159,6 +159,14 @@ class BatchWriter:
         self.files.append(str(path))
 
 
+def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
+    """What a finished writer left in the lake, into the extraction's result."""
+    result.files = writer.files
+    result.rejected = writer.rejected
+    result.watermark = writer.watermark
+    result.fetched = fetched
+
+
 def extract(
     plan: Plan,
     client: ClinicalClient,
@@ -198,9 +206,7 @@ def extract(
         result.source_total = reconciler.total  # the set as it stands at the end
     writer.finish(reconciler.deleted_keys() if reconciler else None)
     progress.finish(entity.name)
-    result.files = writer.files
-    result.rejected = writer.rejected
-    result.watermark = writer.watermark
+    fill(result, writer, result.fetched)
     result.stats = client.stats.as_dict()
     result.seconds = round(time.monotonic() - started, 3)
     return result

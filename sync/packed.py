@@ -41,10 +41,10 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
 from connectors.clinical_records.query import Expand, Query
-from sync.extract import BatchWriter, Extraction, cursor_filter, extract
+from sync.extract import BatchWriter, Extraction, cursor_filter, extract, fill
 from sync.progress import Progress
 from sync.reconcile import Reconciler
-from sync.riders import Rider, SetInput, complete, fill
+from sync.riders import Rider, SetInput, complete
 from sync.service_memory import ServiceMemory
 from sync.strategy import Mode, Plan
 from warehouse.lake import Lake

@@ -6,7 +6,7 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +23,7 @@ from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.errors import NotFound
 from connectors.clinical_records.paging import record_key
 from connectors.clinical_records.query import F, Query
-from sync.extract import BatchWriter, Extraction, cursor_filter
+from sync.extract import BatchWriter, Extraction, cursor_filter, fill
 from sync.reconcile import Reconciler, Reconciliation
 from sync.strategy import Mode, Plan
 
@@ -74,14 +74,17 @@ class Rider:
         if self.reconciler:
             self.reconciler.read(records)
         self.fetched += len(records)
-        numeric = self.entity.key_field.type is Edm.INT32
         for record in records:
-            key = record_key(record.get(self.entity.key), numeric)
+            key = self.key(record)
             self.keys.add(key)
             if record.get(self.nav.remote) is None:
                 self.no_parent.add(key)
             else:
                 self.no_parent.discard(key)
+
+    def key(self, record: dict) -> Any:
+        """A record's key in the API's kind (as the pager and the reconciler compare it)."""
+        return record_key(record.get(self.entity.key), self.entity.key_field.type is Edm.INT32)
 
 
 def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
@@ -165,7 +168,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     found = list(_by_key(client, entity, known))
     rider.take(found)
     reconciler.forget(k for k in gone if k not in rider.keys)
-    there = {record_key(r.get(entity.key), numeric) for r in found}
+    there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     say.info(f"{entity.name}: {rider.choice}")
     result.reconciliation = reconciler.finish()
@@ -183,25 +186,30 @@ def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconcil
     if client.count(entity, F(remote) == None) == len(expected):  # noqa: E711
         return
     records = _all(client, entity, F(remote) == None)  # noqa: E711
-    numeric = entity.key_field.type is Edm.INT32
-    there = {record_key(r.get(entity.key), numeric) for r in records}
+    there = {rider.key(r) for r in records}
     rider.take(records)
     reconciler.forget(expected - there)
 
 
 def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:
-    """Each record by its key, several in flight; one deleted meanwhile (404) is not."""
+    """Each record by its key; one deleted meanwhile (404) is not."""
+    for record in _each(client, lambda key: client.get(entity, key), keys):
+        if record is not None:
+            yield record
 
-    def one(key: Any) -> dict | None:
+
+def _each(client: ClinicalClient, fetch: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+    """`fetch` of each item, several requests in flight (the limiter paces them), in order;
+    None for an item the service no longer knows (404)."""
+
+    def one(item: Any) -> Any:
         try:
-            return client.get(entity, key)
+            return fetch(item)
         except NotFound:
             return None
 
     with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
-        for record in pool.map(one, keys):
-            if record is not None:
-                yield record
+        yield from pool.map(one, items)
 
 
 def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict]:
@@ -213,23 +221,7 @@ def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict
 
 
 def _list_documents(client: ClinicalClient, patients: list[Any]) -> Iterator[dict]:
-    """Each patient's documents, several requests in flight (the limiter paces them); a
-    patient deleted meanwhile (404) has none."""
+    """Each patient's documents; a patient deleted meanwhile (404) has none."""
     docs = DocumentsClient(client)
-
-    def one(patient: Any) -> list[dict]:
-        try:
-            return docs.list(str(patient))
-        except NotFound:
-            return []
-
-    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
-        for records in pool.map(one, patients):
-            yield from records
-
-
-def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
-    result.files = writer.files
-    result.rejected = writer.rejected
-    result.watermark = writer.watermark
-    result.fetched = fetched
+    for records in _each(client, lambda patient: docs.list(str(patient)), patients):
+        yield from records or []

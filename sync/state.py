@@ -31,72 +31,78 @@ def _utc(moment: datetime | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def read_state(warehouse_path: str | Path, entity: EntitySet) -> SyncState:
-    if not Path(warehouse_path).exists():
-        return SyncState()
-    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+class Committed:
+    """A read-only look at what the warehouse committed, opened once for one extraction
+    step (a family reads several sets' state, keys and parents). Before the first sync,
+    or before the schema exists, every answer is empty."""
+
+    def __init__(self, warehouse_path: str | Path) -> None:
+        self.path = Path(warehouse_path)
+        self._wh: Warehouse | None = None
+
+    def __enter__(self) -> Committed:
+        if self.path.exists():
+            self._wh = Warehouse(self.path, read_only=True, wait=LOCK_WAIT_SECONDS).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._wh is not None:
+            self._wh.__exit__(*exc)
+
+    def _rows(self, sql: str, params: list[Any] | None = None) -> list[tuple]:
+        if self._wh is None:
+            return []
         try:
-            row = ops.sync_state(wh.con, entity.name)
+            return self._wh.con.execute(sql, params or []).fetchall()
         except duckdb.CatalogException:  # the schema was never created
+            return []
+
+    def state(self, entity: EntitySet) -> SyncState:
+        row = None
+        if self._wh is not None:
+            with contextlib.suppress(duckdb.CatalogException):
+                row = ops.sync_state(self._wh.con, entity.name)
+        if row is None:
             return SyncState()
-    if row is None:
-        return SyncState()
-    return SyncState(watermark=row[0], last_snapshot_at=_utc(row[1]))
+        return SyncState(watermark=row[0], last_snapshot_at=_utc(row[1]))
 
+    def held_keys(self, entity: EntitySet) -> set[Any]:
+        """The keys an increment reconciles against, in the API's kind: every record the
+        warehouse holds live, and every key the source sent that was rejected (it is in the
+        source's count, though not in the table)."""
+        table, key = qualified(CLINICAL, entity.table), quote(entity.key)
+        keys = [k for (k,) in self._rows(f'SELECT {key} FROM {table} WHERE "_deleted_at" IS NULL')]
+        rejected: list[Any] = []
+        if self._wh is not None:
+            with contextlib.suppress(duckdb.CatalogException):
+                rejected = ops.rejected_keys(self._wh.con, entity.name, REJECT)
+        return held_from(entity, [*keys, *rejected])
 
-def read_held_keys(warehouse_path: str | Path, entity: EntitySet) -> set[Any]:
-    """The keys an increment reconciles against, in the API's kind: every record the
-    warehouse holds live, and every key the source sent that was rejected (it is in the
-    source's count, though not in the table)."""
-    if not Path(warehouse_path).exists():
-        return set()
-    table, key = qualified(CLINICAL, entity.table), quote(entity.key)
-    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
-        try:
-            live = wh.con.execute(f'SELECT {key} FROM {table} WHERE "_deleted_at" IS NULL')
-            keys = [k for (k,) in live.fetchall()]
-            rejected = ops.rejected_keys(wh.con, entity.name, REJECT)
-        except duckdb.CatalogException:  # the schema was never created
-            return set()
-    return held_from(entity, [*keys, *rejected])
-
-
-def read_parents(warehouse_path: str | Path, entity: EntitySet, reference: str) -> dict[Any, Any]:
-    """Live key -> the parent its `reference` names, for a child riding in its parent's
-    pages: a child held under a parent read whole that did not come with it is gone."""
-    if not Path(warehouse_path).exists():
-        return {}
-    table = qualified(CLINICAL, entity.table)
-    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
-        try:
-            rows = wh.con.execute(
+    def parents(self, entity: EntitySet, reference: str) -> dict[Any, Any]:
+        """Live key -> the parent its `reference` names, for a child riding in its parent's
+        pages: a child held under a parent read whole that did not come with it is gone."""
+        table = qualified(CLINICAL, entity.table)
+        return dict(
+            self._rows(
                 f"SELECT {quote(entity.key)}, {quote(reference)} FROM {table} "
                 'WHERE "_deleted_at" IS NULL'
-            ).fetchall()
-        except duckdb.CatalogException:
-            return {}
-    return dict(rows)
+            )
+        )
 
-
-def read_sizes(warehouse_path: str | Path) -> tuple[dict[str, int], dict[str, datetime | None]]:
-    """Per set, the live rows and when it was last read whole: what the nightly budget
-    weighs (sync/budget.py). Empty before the first sync."""
-    rows: dict[str, int] = {}
-    whole: dict[str, datetime | None] = {}
-    if not Path(warehouse_path).exists():
-        return rows, whole
-    with Warehouse(warehouse_path, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+    def sizes(self) -> tuple[dict[str, int], dict[str, datetime | None]]:
+        """Per set, the live rows and when it was last read whole: what the nightly budget
+        weighs (sync/budget.py)."""
+        rows: dict[str, int] = {}
         for entity in ALL_ENTITIES:
             table = qualified(CLINICAL, entity.table)
-            try:
-                (rows[entity.name],) = wh.con.execute(
-                    f'SELECT count(*) FROM {table} WHERE "_deleted_at" IS NULL'
-                ).fetchone()
-            except duckdb.CatalogException:
-                continue
-        with contextlib.suppress(duckdb.CatalogException):
-            whole = {name: _utc(at) for name, at in ops.last_snapshots(wh.con).items()}
-    return rows, whole
+            found = self._rows(f'SELECT count(*) FROM {table} WHERE "_deleted_at" IS NULL')
+            if found:
+                rows[entity.name] = found[0][0]
+        whole: dict[str, datetime | None] = {}
+        if self._wh is not None:
+            with contextlib.suppress(duckdb.CatalogException):
+                whole = {name: _utc(at) for name, at in ops.last_snapshots(self._wh.con).items()}
+        return rows, whole
 
 
 def last_read_whole(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
