@@ -119,7 +119,7 @@ def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
     return {
         "reconciled": reconciliation.reconciled,
         "reconcile_requests": reconciliation.requests,
-        "unreconciled": reconciliation.residual,
+        "unreconciled": reconciliation.unreconciled,
     }
 
 
@@ -151,8 +151,10 @@ def _log_reconciliation(log: Any, extraction: Extraction) -> None:
         f"{r.caught_up} written during the run re-read, {r.inserted} found in key ranges, "
         f"{r.deleted} found deleted ({r.ranges} ranges, {r.rounds} probes)"
     )
-    if not r.exact:
+    if r.residual:
         log.warning(f"{line}; the count still differs by {r.residual}")
+    elif r.unconfirmed:
+        log.warning(f"{line}; {r.unconfirmed} records counted before the read were not found")
     else:
         log.info(line + (f"; {r.blind}" if r.blind else ""))
 

@@ -104,6 +104,8 @@ def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetChe
         description=(
             "not extracted this run"
             if skipped
+            else f"{reconciliation.unconfirmed} records counted before the read not found"
+            if reconciliation.unconfirmed
             else reconciliation.blind or "exact: inserts, updates and deletes seen"
         ),
         metadata=reconciliation.figures(),

@@ -6,19 +6,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.errors import NotFound
 from warehouse import ops
-from warehouse.content_store import ContentMismatch, ContentStore
+from warehouse.content_store import ContentMismatch, ContentStore, StoredContent
 
 CONTENT_DIR = "_documents"  # under LAKE_ROOT: the content store
 MANIFEST_TABLE = ops.CONTENT_TABLE
@@ -63,24 +60,23 @@ def download_content(
     docs = DocumentsClient(client)
     result = ContentResult(wanted=len(todo))
 
-    def one(item: ContentItem) -> tuple[str, Any]:
+    def one(item: ContentItem) -> StoredContent | ContentMismatch:
         scratch = store.scratch()
         try:
             docs.download(item.patient_id, item.document_id, scratch)
-            return "stored", store.put_file(scratch, expected_size=item.size)
-        except NotFound:
-            return "missing", None
-        except ContentMismatch:
-            return "mismatched", None
+            return store.put_file(scratch, expected_size=item.size)
+        except ContentMismatch as mismatch:
+            return mismatch
         finally:
             scratch.unlink(missing_ok=True)
 
     rows: list[tuple] = []
-    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
-        for item, (outcome, stored) in zip(todo, pool.map(one, todo), strict=True):
-            if outcome != "stored":
-                setattr(result, outcome, getattr(result, outcome) + 1)
-                continue
+    for item, stored in zip(todo, client.each(one, todo), strict=True):
+        if stored is None:
+            result.missing += 1
+        elif isinstance(stored, ContentMismatch):
+            result.mismatched += 1
+        else:
             result.downloaded += 1
             result.bytes += stored.size
             result.already_held += not stored.written

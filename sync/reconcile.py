@@ -21,6 +21,11 @@ are found at the cost of a few requests:
    count agrees is left alone; one cheaper to read than to halve is read by keyset pages.
 4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
    left is reported (`residual`), never silent.
+5. A count cannot tell one record missing from one held but deleted: they cancel. Where the
+   caller expects records no read brought (children whose parent was deleted before its
+   page: `expected_new`) and the ranges showed fewer, ranges that agree are halved too, in
+   breadth, until they are found or a bounded search is spent; what is not found is
+   reported (`unconfirmed`).
 
 Exact for a set whose records carry `updated_at`. With `created_at` only, or no cursor, an
 update of a record already read cannot be seen, and a range count cannot tell an insert
@@ -65,6 +70,14 @@ class Span:
         return self.j - self.i
 
 
+def search_cost(missing: int, total: int) -> int:
+    """Requests a search for `missing` records hidden by as many deletes may spend: halving
+    parts them from the deletes within a few levels; each is then found by narrowing."""
+    if missing <= 0:
+        return 0
+    return 4 + 2 * missing * math.ceil(math.log2(max(2, total / PAGE_SIZE)))
+
+
 def default_budget(total: int) -> int:
     """Requests one set may spend reconciling: twice what reading all of its `total` records
     again costs, and a few. A still source never needs more than one such read (when deletes
@@ -84,11 +97,17 @@ class Reconciliation:
     rounds: int = 0  # probes of the set's total
     requests: int = 0  # requests spent reconciling, the change mark's included
     residual: int = 0  # records by which the total still differed when the budget ran out
+    unconfirmed: int = 0  # records expected from counts before the read that no range showed
     blind: str = ""  # what this set's reconciliation cannot see
 
     @property
     def exact(self) -> bool:
-        return self.residual == 0
+        return self.residual == 0 and self.unconfirmed == 0
+
+    @property
+    def unreconciled(self) -> int:
+        """Records by which the set may differ from the source after the run."""
+        return self.residual + self.unconfirmed
 
     @property
     def reconciled(self) -> int:
@@ -186,11 +205,14 @@ class Reconciler:
             else:
                 self.held.add(key)
 
-    def finish(self, budget: int | None = None) -> Reconciliation:
+    def finish(self, budget: int | None = None, *, expected_new: int = 0) -> Reconciliation:
         """Probe, and chase differences through key ranges, until the total agrees or
-        `budget` requests are spent (default: `default_budget` of the source's total)."""
+        `budget` requests are spent (default: `default_budget` of the source's total).
+        `expected_new`: records the source held before the read that no read brought (the
+        caller's counts say so); the ranges are searched for them even where the total agrees."""
         result = self.result
         fruitless = 0  # narrowings in a row that found nothing (drift moved the counts?)
+        searched = False
         while True:
             result.rounds += 1
             before = (len(self.held), len(self.gone), result.caught_up)
@@ -198,8 +220,23 @@ class Reconciler:
             if budget is None:
                 budget = default_budget(self.total)
             difference = self.total - (len(self.held) + self.unkeyed)
+            short = expected_new - result.inserted
+            if difference == 0 and short > 0 and not searched and result.requests < budget:
+                searched = True
+                if self._narrow(self.total, budget, search=short):
+                    expected_new = 0  # the set was read whole: nothing else is missing
+                continue
             if difference == 0:
                 result.residual = 0
+                result.unconfirmed = max(0, short)
+                if short > 0:
+                    log.warning(
+                        "%s: counts before the read promised %d records no read brought, and "
+                        "no key range shows them: deleted before their parent's page, or hidden "
+                        "in the count by as many deletes",
+                        self.entity.name,
+                        short,
+                    )
                 break
             if result.requests >= budget:
                 result.residual = abs(difference)
@@ -298,15 +335,35 @@ class Reconciler:
 
     # -- key ranges ---------------------------------------------------------------------------
 
-    def _narrow(self, total: int, budget: int) -> None:
+    def _narrow(self, total: int, budget: int, search: int = 0) -> bool:
         """Find where the source's `total` and the held keys differ by halving key ranges: a
-        half's count comes from one request, the other half's is the rest of its parent's."""
+        half's count comes from one request, the other half's is the rest of its parent's.
+        `search`: records missing although counts may agree (a delete cancels each); ranges
+        that agree are halved too, widest first, until as many are found or `search_cost`
+        requests are spent (a set that costs no more to read is read: then True)."""
         ordered = sorted(self.held)
         pending: deque[Span] = deque([Span(None, None, 0, len(ordered), total)])
-        while pending and self.result.requests < budget:
-            span = pending.popleft()
-            if span.count == span.held:
-                continue
+        agreeing: deque[Span] = deque()
+        found_before = self.result.inserted
+        cost = search_cost(search, total)
+        if cost >= math.ceil(total / PAGE_SIZE):  # reading it all is surer, and no dearer
+            first = self._range_page(None, None)
+            self._settle(ordered, self._read_on(first["value"], None))
+            return True
+        limit = min(budget, self.result.requests + cost)
+        while self.result.requests < budget:
+            if pending:
+                span = pending.popleft()
+                if span.count == span.held:
+                    if search and span.count:
+                        agreeing.append(span)
+                    continue
+            elif agreeing and self.result.inserted - found_before < search:
+                if self.result.requests >= limit:
+                    break
+                span = agreeing.popleft()
+            else:
+                break
             pages = math.ceil(max(span.count, span.held) / PAGE_SIZE)
             differ = abs(span.count - span.held)
             if span.held < 2 or pages <= max(2, differ * math.log2(pages)):
@@ -322,6 +379,7 @@ class Reconciler:
                 pending.append(Span(span.low, ordered[middle], span.i, middle, count))
             rest = span.count - count
             pending.append(Span(ordered[middle], span.high, middle, span.j, rest))
+        return False
 
     def _range_page(self, low: Any, high: Any) -> dict[str, Any]:
         """One request: a key range's count and its first page."""

@@ -6,8 +6,7 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,6 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.errors import NotFound
 from connectors.clinical_records.paging import record_key
 from connectors.clinical_records.query import F, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
@@ -133,6 +131,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
             rider.no_parent.add(key)
             continue
         (gone if canonical(parent) in read_whole else known).append(key)
+    new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
         not_reached = max(0, reconciler.started_total - rider.reached)
         nulls = client.count(entity, F(remote) == None) if not_reached else 0  # noqa: E711
@@ -155,7 +154,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
                 f"requests to find, reading it costs {pages}"
             )
             rider.take(_all(client, entity, None))
-            known, rider.short = [], []
+            known, rider.short, new = [], [], 0
     else:
         rider.take(rider.arrived)
         rider.take(_all(client, entity, cursor_filter(plan)))
@@ -163,7 +162,9 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
         known = []  # their writes come by cursor; a delete among them shows in the count
         _settle_no_parent(rider, client, reconciler)
     for parent in rider.short:
-        rider.take(_all(client, entity, F(remote) == parent))
+        children = _all(client, entity, F(remote) == parent)
+        rider.take(children)
+        new = max(0, new - len(children))  # not reached, but no orphans
     known = [k for k in known if k not in rider.keys]
     found = list(_by_key(client, entity, known))
     rider.take(found)
@@ -171,7 +172,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     say.info(f"{entity.name}: {rider.choice}")
-    result.reconciliation = reconciler.finish()
+    result.reconciliation = reconciler.finish(expected_new=new)
     result.source_total = reconciler.total
     rider.writer.finish(reconciler.deleted_keys())
     fill(result, rider.writer, rider.fetched)
@@ -193,23 +194,9 @@ def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconcil
 
 def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:
     """Each record by its key; one deleted meanwhile (404) is not."""
-    for record in _each(client, lambda key: client.get(entity, key), keys):
+    for record in client.each(lambda key: client.get(entity, key), keys):
         if record is not None:
             yield record
-
-
-def _each(client: ClinicalClient, fetch: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
-    """`fetch` of each item, several requests in flight (the limiter paces them), in order;
-    None for an item the service no longer knows (404)."""
-
-    def one(item: Any) -> Any:
-        try:
-            return fetch(item)
-        except NotFound:
-            return None
-
-    with ThreadPoolExecutor(max_workers=client.settings.max_in_flight) as pool:
-        yield from pool.map(one, items)
 
 
 def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict]:
@@ -223,5 +210,5 @@ def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict
 def _list_documents(client: ClinicalClient, patients: list[Any]) -> Iterator[dict]:
     """Each patient's documents; a patient deleted meanwhile (404) has none."""
     docs = DocumentsClient(client)
-    for records in _each(client, lambda patient: docs.list(str(patient)), patients):
+    for records in client.each(lambda patient: docs.list(str(patient)), patients):
         yield from records or []

@@ -7,13 +7,13 @@ rate limiter and a pool of worker threads that keeps several requests in flight.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import parse_qsl
 
 from connectors.clinical_records.catalogue import EntitySet
-from connectors.clinical_records.errors import MalformedResponse
+from connectors.clinical_records.errors import MalformedResponse, NotFound
 from connectors.clinical_records.paging import COUNT, Page, Pager, Progress
 from connectors.clinical_records.query import Expand, Expr, Query
 from connectors.clinical_records.ratelimit import RequestLimiter, sqlite_limiter
@@ -21,6 +21,9 @@ from connectors.clinical_records.settings import Settings
 from connectors.clinical_records.transport import Call, Counters, Transport, path_key
 
 __all__ = ["ClinicalClient", "Page"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def collection_validator(wants_count: bool):
@@ -124,6 +127,20 @@ class ClinicalClient:
         call = Call("GET", f"{entity.name}({path_key(key)})", entity.name, params)
         body = self.transport.json(call, validate=entity_validator)
         return {k: v for k, v in body.items() if not k.startswith("@odata.")}
+
+    def each(self, fetch: Callable[[T], R], items: Sequence[T]) -> Iterator[R | None]:
+        """`fetch` of each item, several requests in flight (the limiter paces them), in
+        order; None for an item the service no longer knows (404). A pool of its own: a
+        `fetch` that pages waits on the client's pool."""
+
+        def one(item: T) -> R | None:
+            try:
+                return fetch(item)
+            except NotFound:
+                return None
+
+        with ThreadPoolExecutor(max_workers=self.settings.max_in_flight) as pool:
+            yield from pool.map(one, items)
 
     # -- plumbing -----------------------------------------------------------------------------
 
