@@ -75,7 +75,7 @@ from sync.service_memory import ServiceMemory
 from sync.state import (
     LOCK_WAIT_SECONDS,
     Committed,
-    last_read_whole,
+    covered_since,
 )
 from sync.strategy import Mode, Options, Plan, plan
 from warehouse import quality
@@ -171,7 +171,7 @@ def _set_input(
     """What one set's extraction starts from: the keys an increment reconciles against and,
     for a child riding in its parent's pages, the parent of each."""
     one = SetInput(todo, watermark)
-    if todo.mode is Mode.INCREMENTAL:
+    if todo.mode in (Mode.INCREMENTAL, Mode.RANGE):
         one.held = committed.held_keys(entity)
     if entity.name in RIDES_WITH and entity.contained_in is None and todo.moves_watermark:
         one.parents = committed.parents(entity, RIDES_WITH[entity.name][1].remote)
@@ -240,25 +240,28 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
 def _within_budget(
     context: Any, sync_options: SyncOptionsResource, rate: float, committed: Committed
 ) -> Options:
-    """The run's options; under a nightly budget, with the sets read whole this run."""
+    """The run's options; under a nightly budget, with the sets read whole this run and the
+    key ranges read of others."""
     options = sync_options.options()
     budget = parse_budget(sync_options.nightly_budget, rate)
     if budget is None or not options.exact or options.full or options.backfill:
         return options
-    rows, whole = committed.sizes()
+    rows, read = committed.sizes()
     started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
-    costs = costs_of(ALL_ENTITIES, rows, whole)
-    chosen = allot(costs, budget, started)
+    costs = costs_of(ALL_ENTITIES, rows, read)
+    allotment = allot(costs, budget, started)
+    ranges = [f"{name} ({pages} pages)" for name, pages in allotment.ranges.items()]
     waiting = [
-        f"{c.entity.name} ({staleness_hours(c.last_whole, started):g} h stale)"
+        f"{c.entity.name} ({staleness_hours(c.read.covered_at, started):g} h stale)"
         for c in costs
-        if needs_whole(c.entity) and c.entity.name not in chosen
+        if needs_whole(c.entity) and c.entity.name not in allotment.whole
     ]
     context.log.info(
         f"nightly budget {budget} requests: read whole "
-        f"{', '.join(sorted(chosen)) or 'none'}; waiting: {', '.join(waiting) or 'none'}"
+        f"{', '.join(sorted(allotment.whole)) or 'none'}; key ranges of "
+        f"{', '.join(ranges) or 'none'}; not whole: {', '.join(waiting) or 'none'}"
     )
-    return replace(options, read_whole=chosen)
+    return replace(options, read_whole=allotment.whole, read_ranges=allotment.ranges)
 
 
 def _how(entity: EntitySet) -> str:
@@ -304,7 +307,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 )
             hours = 0.0
             if needs_whole(entity):
-                hours = staleness_hours(last_read_whole(wh.con, entity), datetime.now(UTC))
+                hours = staleness_hours(covered_since(wh.con, entity), datetime.now(UTC))
             stale = {"source_staleness_hours": staleness_figure(hours)}
             wh.add_to_run(
                 context.run.run_id,

@@ -1,11 +1,15 @@
-"""The nightly budget: which sets a run reads whole when they do not all fit.
+"""The nightly budget: which sets a run reads whole, and which key ranges, when they do not
+all fit.
 
 A set without `updated_at` (Patients, Prescriptions, InsuranceVerifications, and the
 documents, which ride with the patients) is exact only when read whole. When
 `CLINICAL_NIGHTLY_BUDGET` is smaller than what that costs, the stalest of them are read
-first; the others wait, as increments by `created_at` or not at all, and every set reports
-how stale it is (`source_staleness_hours`, a check that warns past a threshold). Pure
-decisions, so that every step of a run, whenever it starts, reaches the same ones.
+whole first; what is left of the budget reads a key range of the stalest of the others, from
+where its last range ended (a rotation: the range read next is always the set's stalest), and
+the rest wait, as increments by `created_at` or not at all. Every set reports how stale it is
+(`source_staleness_hours`, a check that warns past a threshold): since when every record was
+read, by a snapshot or a completed rotation. Pure decisions, so that every step of a run,
+whenever it starts, reaches the same ones.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from connectors.clinical_records.catalogue import (
@@ -45,16 +49,36 @@ def parse_budget(text: str | None, rate: float) -> int | None:
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """How recently a set's records were read."""
+
+    covered_at: datetime | None = None  # every record read at or after it
+    range_read_at: datetime | None = None  # the last key range read
+
+    def done_since(self, moment: datetime) -> bool:
+        """Read whole, or a range of it read, at or after `moment` (by this run)."""
+        return any(t is not None and t >= moment for t in (self.covered_at, self.range_read_at))
+
+
+@dataclass(frozen=True)
 class SetCost:
-    """What reading one set costs, and when it was last read whole."""
+    """What reading one set costs, and how recently its records were read."""
 
     entity: EntitySet
     rows: int
-    last_whole: datetime | None
+    read: Coverage = Coverage()
 
     @property
     def pages(self) -> int:
         return math.ceil(self.rows / PAGE_SIZE) + PER_SET
+
+
+@dataclass(frozen=True)
+class Allotment:
+    """The sets a run reads whole, and the pages of a key range it reads of others."""
+
+    whole: frozenset[str] = frozenset()
+    ranges: Mapping[str, int] = field(default_factory=dict)
 
 
 def needs_whole(entity: EntitySet) -> bool:
@@ -72,17 +96,18 @@ def reserve(costs: Sequence[SetCost]) -> int:
     return spent
 
 
-def allot(costs: Sequence[SetCost], budget: int, run_started: datetime) -> frozenset[str]:
-    """The sets read whole this run: those this run already read whole (a step that loaded
-    before this one asked), then the stalest first while they fit. A child riding in its
-    parent's pages costs nothing when the parent is read whole; the documents alone cost
-    the patients' pages (they come with the patients' keys)."""
+def allot(costs: Sequence[SetCost], budget: int, run_started: datetime) -> Allotment:
+    """The sets read whole this run: those this run already read (a step that loaded before
+    this one asked), then the stalest first while they fit. A child riding in its parent's
+    pages costs nothing when the parent is read whole; the documents alone cost the
+    patients' pages (they come with the patients' keys). What is left reads key ranges of
+    the stalest sets that did not fit (not the documents: they have no keys to range)."""
     by_name = {c.entity.name: c for c in costs}
     wanted = [c for c in costs if needs_whole(c.entity)]
 
     def order(c: SetCost) -> tuple[bool, bool, datetime]:
-        done = c.last_whole is not None and c.last_whole >= run_started
-        return (not done, c.entity.name in RIDES_WITH, c.last_whole or _EPOCH)
+        done = c.read.done_since(run_started)
+        return (not done, c.entity.name in RIDES_WITH, c.read.covered_at or _EPOCH)
 
     left = budget - reserve(costs)
     chosen: set[str] = set()
@@ -97,7 +122,15 @@ def allot(costs: Sequence[SetCost], budget: int, run_started: datetime) -> froze
         if cost <= left:
             chosen.add(c.entity.name)
             left -= cost
-    return frozenset(chosen)
+    ranges: dict[str, int] = {}
+    for c in sorted(wanted, key=lambda c: (order(c)[0], order(c)[2])):  # stalest, rider or not
+        if c.entity.name in chosen or c.entity.contained_in or left <= PER_SET:
+            continue
+        pages = min(left - PER_SET, c.pages - PER_SET)
+        if pages > 0:
+            ranges[c.entity.name] = pages
+            left -= pages + PER_SET
+    return Allotment(frozenset(chosen), ranges)
 
 
 NEVER = -1.0  # staleness as metadata and ops.sync_runs write it for a set never read whole
@@ -108,16 +141,14 @@ def staleness_figure(hours: float) -> float:
     return NEVER if math.isinf(hours) else hours
 
 
-def staleness_hours(last_whole: datetime | None, now: datetime) -> float:
-    """Hours since a set without `updated_at` was last read whole (never: since forever)."""
-    if last_whole is None:
+def staleness_hours(covered_at: datetime | None, now: datetime) -> float:
+    """Hours since every record of a set without `updated_at` was read (never: forever)."""
+    if covered_at is None:
         return math.inf
-    return round(max(0.0, (now - last_whole).total_seconds() / 3600), 4)
+    return round(max(0.0, (now - covered_at).total_seconds() / 3600), 4)
 
 
 def costs_of(
-    entities: Sequence[EntitySet],
-    rows: Mapping[str, int],
-    last_whole: Mapping[str, datetime | None],
+    entities: Sequence[EntitySet], rows: Mapping[str, int], read: Mapping[str, Coverage]
 ) -> list[SetCost]:
-    return [SetCost(e, rows.get(e.name, 0), last_whole.get(e.name)) for e in entities]
+    return [SetCost(e, rows.get(e.name, 0), read.get(e.name, Coverage())) for e in entities]

@@ -7,6 +7,7 @@ parallel. The watermark it computes travels with the result and is committed by 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -16,8 +17,9 @@ from uuid import uuid4
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.clinical_records.catalogue import Edm, EntitySet
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.paging import record_key
 from connectors.clinical_records.query import Expr, F, Query, all_of
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
@@ -53,7 +55,7 @@ def _midnight(day: date) -> datetime:
 def cursor_filter(plan: Plan) -> Expr | None:
     """`cursor ge since [and cursor lt until]` for increments and backfills; None for snapshots."""
     entity = plan.entity
-    if plan.mode not in (Mode.INCREMENTAL, Mode.BACKFILL) or entity.cursor is None:
+    if plan.mode not in (Mode.INCREMENTAL, Mode.BACKFILL, Mode.RANGE) or entity.cursor is None:
         return None
     to_literal = CURSOR_LITERAL[entity.field(entity.cursor).type]
     lower = F(entity.cursor) >= to_literal(plan.since) if plan.since is not None else None
@@ -109,6 +111,7 @@ class BatchWriter:
         self.rejected = 0
         self.watermark: str | None = None
         self.deletes: list[str] = []
+        self.key_range: tuple[str | None, str | None] | None = None  # a RANGE plan's, as read
 
     def add(self, records: list[dict]) -> None:
         self.records.extend(records)
@@ -154,9 +157,51 @@ class BatchWriter:
             snapshot_complete=final and self.plan.snapshot,
             rejects=self.rejects,
             deletes=self.deletes if final else (),
+            key_range=self.key_range if final else None,
         )
         self.tables, self.rejects = [], []
         self.files.append(str(path))
+
+
+@dataclass
+class KeyRange:
+    """A RANGE plan's key range, [low, high): `range_pages` pages of the keys the warehouse
+    holds from `range_from` on, so that its bounds are known before it is read (and read at
+    full rate) and a held key in it that the read does not bring is known deleted."""
+
+    entity: EntitySet
+    low: Any
+    high: Any  # None: to the last key
+    held: list[Any]  # held keys in the range, sorted
+    seen: set[Any] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, plan: Plan, held: Iterable[Any]) -> KeyRange:
+        entity = plan.entity
+        numeric = entity.key_field.type is Edm.INT32
+        ordered = sorted(held)
+        low = None if plan.range_from is None else record_key(plan.range_from, numeric)
+        start = 0 if low is None else bisect_left(ordered, low)
+        end = start + plan.range_pages * PAGE_SIZE
+        high = ordered[end] if end < len(ordered) else None
+        return cls(entity, low, high, ordered[start : end if high is not None else None])
+
+    def filter(self) -> Expr | None:
+        key = self.entity.key
+        return all_of(
+            None if self.low is None else F(key) >= self.low,
+            None if self.high is None else F(key) < self.high,
+        )
+
+    def read(self, records: list[dict]) -> None:
+        numeric = self.entity.key_field.type is Edm.INT32
+        self.seen.update(record_key(r.get(self.entity.key), numeric) for r in records)
+
+    def gone(self) -> list[Any]:
+        return [k for k in self.held if k not in self.seen]
+
+    def as_text(self) -> tuple[str | None, str | None]:
+        return tuple(None if k is None else str(k) for k in (self.low, self.high))  # type: ignore[return-value]
 
 
 def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
@@ -193,14 +238,26 @@ def extract(
         reconciler = Reconciler(entity, client, take=writer.add, held=held)
         reconciler.begin()
     progress.start(entity.name)
-    for page in client.iter_pages(entity, Query(entity, filter=cursor_filter(plan))):
-        writer.add(page.records)
-        if reconciler:
-            reconciler.read(page.records)
-        result.fetched += len(page.records)
-        if result.source_total is None:
-            result.source_total = page.total
-        progress.page(entity.name, len(page.records), page.total)
+    key_range = KeyRange.of(plan, held) if plan.mode is Mode.RANGE else None
+    reads: list[tuple[Expr | None, KeyRange | None]] = []
+    if key_range is None or plan.since is not None:  # a RANGE without a cursor: the range only
+        reads.append((cursor_filter(plan), None))
+    if key_range is not None:
+        writer.key_range = key_range.as_text()
+        reads.append((key_range.filter(), key_range))
+    for condition, within in reads:
+        for page in client.iter_pages(entity, Query(entity, filter=condition)):
+            writer.add(page.records)
+            if reconciler:
+                reconciler.read(page.records)
+            if within:
+                within.read(page.records)
+            result.fetched += len(page.records)
+            if result.source_total is None:
+                result.source_total = page.total
+            progress.page(entity.name, len(page.records), page.total)
+    if key_range is not None and reconciler:
+        reconciler.forget(key_range.gone())  # held in the range, not in it now: deleted
     if reconciler:
         result.reconciliation = reconciler.finish(budget)
         result.source_total = reconciler.total  # the set as it stands at the end

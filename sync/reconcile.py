@@ -50,8 +50,8 @@ from connectors.clinical_records.query import Comparison, Expr, Query, all_of
 
 log = logging.getLogger(__name__)
 
-FUTURE = timedelta(days=1)
-FRUITLESS = 3  # narrowings in a row that find nothing before a difference is left reported  # a cursor further ahead than this is a sentinel, not a write
+FUTURE = timedelta(days=1)  # a cursor further ahead than this is a sentinel, not a write
+FRUITLESS = 3  # narrowings in a row that find nothing before a difference is left reported
 
 
 @dataclass

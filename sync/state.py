@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
+from sync.budget import Coverage
 from sync.reconcile import held_from
 from sync.strategy import SyncState
 from warehouse import ops
@@ -64,7 +65,7 @@ class Committed:
                 row = ops.sync_state(self._wh.con, entity.name)
         if row is None:
             return SyncState()
-        return SyncState(watermark=row[0], last_snapshot_at=_utc(row[1]))
+        return SyncState(watermark=row[0], last_snapshot_at=_utc(row[1]), range_position=row[2])
 
     def held_keys(self, entity: EntitySet) -> set[Any]:
         """The keys an increment reconciles against, in the API's kind: every record the
@@ -89,23 +90,26 @@ class Committed:
             )
         )
 
-    def sizes(self) -> tuple[dict[str, int], dict[str, datetime | None]]:
-        """Per set, the live rows and when it was last read whole: what the nightly budget
-        weighs (sync/budget.py)."""
+    def sizes(self) -> tuple[dict[str, int], dict[str, Coverage]]:
+        """Per set, the live rows and how recently its records were read: what the nightly
+        budget weighs (sync/budget.py)."""
         rows: dict[str, int] = {}
         for entity in ALL_ENTITIES:
             table = qualified(CLINICAL, entity.table)
             found = self._rows(f'SELECT count(*) FROM {table} WHERE "_deleted_at" IS NULL')
             if found:
                 rows[entity.name] = found[0][0]
-        whole: dict[str, datetime | None] = {}
+        read: dict[str, Coverage] = {}
         if self._wh is not None:
             with contextlib.suppress(duckdb.CatalogException):
-                whole = {name: _utc(at) for name, at in ops.last_snapshots(self._wh.con).items()}
-        return rows, whole
+                read = {
+                    name: Coverage(_utc(covered), _utc(ranged))
+                    for name, (covered, ranged) in ops.coverage(self._wh.con).items()
+                }
+        return rows, read
 
 
-def last_read_whole(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
-    """When `entity` was last read whole (its last snapshot), on an open connection."""
-    row = ops.sync_state(con, entity.name)
-    return _utc(row[1]) if row else None
+def covered_since(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
+    """Since when every record of `entity` was read (a snapshot, or a completed rotation of
+    key ranges), on an open connection."""
+    return _utc(ops.covered_at(con, entity.name))

@@ -6,8 +6,8 @@ and the run's options, so they are tested without a server or a warehouse.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 
@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 class Mode(StrEnum):
     SNAPSHOT = "snapshot"  # every record; what is missing was deleted at the source
     INCREMENTAL = "incremental"  # records whose cursor is at or past the watermark (less lookback)
+    RANGE = "range"  # an increment (where there is a cursor) and a key range read whole
     BACKFILL = "backfill"  # records whose cursor lies in a date range; the watermark stays
     SKIP = "skip"  # nothing due this run
 
@@ -29,6 +30,7 @@ class SyncState:
 
     watermark: str | None = None
     last_snapshot_at: datetime | None = None
+    range_position: str | None = None  # where the next key range read starts (None: first key)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Options:
     # Under a nightly budget, the sets without updated_at that this run reads whole
     # (sync/budget.py); None: all of them.
     read_whole: frozenset[str] | None = None
+    # And the pages of a key range each of some others reads (the rest of the budget).
+    read_ranges: Mapping[str, int] = field(default_factory=dict)
 
     def whole(self, entity: EntitySet) -> bool:
         """Read `entity` (no updated_at) whole this run to keep it exact?"""
@@ -63,6 +67,8 @@ class Plan:
     reason: str
     since: datetime | date | None = None  # lower bound of the cursor, inclusive
     until: datetime | date | None = None  # upper bound of the cursor, exclusive
+    range_pages: int = 0  # RANGE: pages of the key range read whole
+    range_from: str | None = None  # RANGE: the key it starts from (None: the first key)
 
     @property
     def snapshot(self) -> bool:
@@ -71,7 +77,7 @@ class Plan:
     @property
     def moves_watermark(self) -> bool:
         """A backfill re-reads old rows; only snapshots and increments advance the watermark."""
-        return self.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL)
+        return self.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL, Mode.RANGE)
 
 
 def cursor_is_date(entity: EntitySet) -> bool:
@@ -112,9 +118,26 @@ def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: d
     return Plan(entity, Mode.SNAPSHOT, "small set: a snapshot every run")
 
 
+def _plan_range(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+    """Over the budget, a share of it: the new rows (where there is a cursor), and a key
+    range read whole from where the last one ended, its updates and deletes with it."""
+    pages = options.read_ranges[entity.name]
+    start = "the first key" if state.range_position is None else "where the last range ended"
+    reason = f"over the nightly budget: a key range of {pages} pages from {start}"
+    since = None
+    if entity.cursor is not None and state.watermark is not None:
+        since = _since(entity, state.watermark, options.lookback)
+        reason += f", and {entity.cursor} ge {since.isoformat()}"
+    return Plan(
+        entity, Mode.RANGE, reason, since, range_pages=pages, range_from=state.range_position
+    )
+
+
 def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
     if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
+    if options.exact and entity.name in options.read_ranges:
+        return _plan_range(entity, state, options, now)
     if options.exact:  # over the nightly budget: new rows only, updates wait
         return _plan_cursor(entity, state, options, now, over_budget=True)
     if _snapshot_due(state, options, now):
@@ -125,6 +148,8 @@ def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: da
 def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
     if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
+    if options.exact and entity.name in options.read_ranges:
+        return _plan_range(entity, state, options, now)
     if options.exact:
         return Plan(entity, Mode.SKIP, OVER_BUDGET)
     if _snapshot_due(state, options, now):

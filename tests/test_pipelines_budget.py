@@ -3,6 +3,7 @@ run over budget says how stale each set is (metadata and a warning check)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import duckdb
@@ -21,7 +22,18 @@ from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from pipelines.checks import STALENESS
 from pipelines.runner import sync
-from sync.budget import SetCost, allot, costs_of, parse_budget, reserve, staleness_hours
+from sync.budget import (
+    PER_SET,
+    Allotment,
+    Coverage,
+    SetCost,
+    allot,
+    costs_of,
+    parse_budget,
+    reserve,
+    staleness_hours,
+)
+from tests.truth import canonical, live_rows
 
 NOW = datetime(2026, 11, 25, 2, 0, tzinfo=UTC)
 
@@ -42,7 +54,9 @@ def test_budget_is_requests_or_minutes_at_the_rate():
 
 
 def costs(last: dict[str, datetime | None], rows: int = 2000) -> list[SetCost]:
-    return [SetCost(e, rows, last.get(e.name, NOW - timedelta(days=1))) for e in ALL_ENTITIES]
+    return [
+        SetCost(e, rows, Coverage(last.get(e.name, NOW - timedelta(days=1)))) for e in ALL_ENTITIES
+    ]
 
 
 def test_the_stalest_sets_are_read_whole_first_and_children_ride_free():
@@ -56,11 +70,43 @@ def test_the_stalest_sets_are_read_whole_first_and_children_ride_free():
     one_set = reserve(everything) + 2000 // 100 + 3
     chosen = allot(everything, one_set, NOW)
     # Patients is stalest and fits; its documents ride in its pages at no cost.
-    assert chosen == {PATIENTS.name, DOCUMENTS.name}
+    assert chosen.whole == {PATIENTS.name, DOCUMENTS.name}
+    assert chosen.ranges == {}
     # With room for two: Prescriptions next (InsuranceVerifications then ride free).
     both = allot(everything, one_set + 23, NOW)
-    assert both == {PATIENTS.name, DOCUMENTS.name, PRESCRIPTIONS.name, INSURANCE_VERIFICATIONS.name}
-    assert allot(everything, 0, NOW) == frozenset()
+    assert both.whole == {
+        PATIENTS.name,
+        DOCUMENTS.name,
+        PRESCRIPTIONS.name,
+        INSURANCE_VERIFICATIONS.name,
+    }
+    assert allot(everything, 0, NOW) == Allotment()
+
+
+def test_what_is_left_reads_key_ranges_of_the_stalest_sets_that_did_not_fit():
+    last = {
+        PATIENTS.name: NOW - timedelta(days=3),
+        PRESCRIPTIONS.name: NOW - timedelta(days=1),
+        INSURANCE_VERIFICATIONS.name: NOW - timedelta(days=2),
+        DOCUMENTS.name: NOW - timedelta(days=3),
+    }
+    everything = costs(last)
+    one_set = reserve(everything) + 2000 // 100 + 3
+    # Patients whole; 12 left: InsuranceVerifications (staler) gets 9 pages of a range.
+    some = allot(everything, one_set + 12, NOW)
+    assert some.whole == {PATIENTS.name, DOCUMENTS.name}
+    assert some.ranges == {INSURANCE_VERIFICATIONS.name: 9}
+    # No set fits whole: the stalest reads a range, documents never (no keys to range).
+    tight = allot(everything, reserve(everything) + 10, NOW)
+    assert tight == Allotment(frozenset(), {PATIENTS.name: 7})
+    # A set read in part by this run keeps its place for the run's later steps.
+    read = [
+        replace(c, read=Coverage(c.read.covered_at, NOW)) if c.entity is PRESCRIPTIONS else c
+        for c in everything
+    ]
+    assert allot(read, reserve(read) + 10, NOW - timedelta(minutes=5)).ranges == {
+        PRESCRIPTIONS.name: 7
+    }
 
 
 def test_a_set_this_run_already_read_whole_keeps_its_place():
@@ -70,8 +116,8 @@ def test_a_set_this_run_already_read_whole_keeps_its_place():
     last = {PRESCRIPTIONS.name: NOW, PATIENTS.name: NOW - timedelta(days=9)}
     everything = costs(last)
     one_set = reserve(everything) + 2000 // 100 + 3
-    assert PRESCRIPTIONS.name in allot(everything, one_set, started)
-    assert PATIENTS.name not in allot(everything, one_set, started)
+    assert PRESCRIPTIONS.name in allot(everything, one_set, started).whole
+    assert PATIENTS.name not in allot(everything, one_set, started).whole
 
 
 def test_staleness_in_hours():
@@ -118,3 +164,63 @@ def test_a_nightly_run_over_budget_reads_the_stalest_and_says_how_stale(tmp_path
         assert str(second.entities[waiting]["mode"]) == "snapshot", second.entities
     with pytest.raises(ConfigError, match="CLINICAL_NIGHTLY_BUDGET"):
         sync({**env, "CLINICAL_NIGHTLY_BUDGET": "plenty"}, **paths)
+
+
+@pytest.mark.e2e
+def test_over_budget_key_ranges_rotate_until_every_record_is_read(tmp_path):
+    """A budget too small for any set without updated_at whole: each night reads a key
+    range of the stalest, from where the last one ended, its updates and deletes with it.
+    When the rotation comes round, the set equals the source, and its staleness counts
+    from when the rotation began."""
+    paths = {"lake_root": str(tmp_path / "lake"), "warehouse_path": str(tmp_path / "w.duckdb")}
+    with SandboxServer(SandboxConfig(seed=11, scale=0.2)) as srv, DagsterInstance.ephemeral() as i:
+        env = {
+            **srv.env(),
+            "CLINICAL_RATE_LIMIT": "500",
+            "CLINICAL_BURST": "100",
+            "CLINICAL_LIMITER_PATH": str(tmp_path / "ratelimit.sqlite"),
+        }
+        assert sync(env, instance=i, full=True, **paths).success
+        srv.store.advance(seconds=3600, update_fraction=0.05, delete_fraction=0.02)
+        sized = costs_of(ALL_ENTITIES, srv.store.counts(), {})
+        smallest = min(c.pages for c in sized if c.entity.name in BLIND_SETS)
+        budget = reserve(sized) + PER_SET + (smallest - PER_SET) // 2  # half the smallest
+        tight = {**env, "CLINICAL_NIGHTLY_BUDGET": str(budget)}
+        first = sync(tight, instance=i, **paths)
+        assert first.success, first.failure
+        ranged = [n for n, f in first.entities.items() if str(f["mode"]) == "range"]
+        assert len(ranged) == 1, {n: f["mode"] for n, f in first.entities.items()}
+        name = ranged[0]
+        entity = next(e for e in ALL_ENTITIES if e.name == name)
+        began = state(paths, name)["range_read_at"]
+        for night in range(2, 8):
+            if state(paths, name)["range_position"] is None:
+                break
+            report = sync(tight, instance=i, **paths)
+            assert report.success, report.failure
+            assert str(report.entities[name]["mode"]) == "range", (night, report.entities)
+        else:
+            pytest.fail(f"{name}'s key ranges did not come round in 7 nights")
+        assert night > 2  # it took several nights: each read only a range
+        done = state(paths, name)
+        assert done["covered_at"] == began  # every record read since the rotation began
+        want = canonical(entity, srv.store.ground_truth()[name])
+        have = live_rows(paths["warehouse_path"], entity)
+        assert want.keys() == have.keys()
+        assert [k for k in want if want[k] != have[k]] == []
+        # The rotation done, the stalest set is another: its turn next.
+        after = sync(tight, instance=i, **paths)
+        assert str(after.entities[name]["mode"]) != "range"
+
+
+BLIND_SETS = {PATIENTS.name, PRESCRIPTIONS.name, INSURANCE_VERIFICATIONS.name}
+
+
+def state(paths: dict[str, str], name: str) -> dict[str, object]:
+    columns = ("range_position", "range_read_at", "covered_at")
+    (row,) = duckdb_rows(
+        paths["warehouse_path"],
+        f'SELECT {", ".join(columns)} FROM "ops"."sync_state" WHERE "entity" = ?',
+        name,
+    )
+    return dict(zip(columns, row, strict=True))

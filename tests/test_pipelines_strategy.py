@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
@@ -20,7 +21,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.query import Query
 from pipelines.models import models, parse
-from sync.extract import cursor_filter
+from sync.extract import KeyRange, cursor_filter
 from sync.progress import Progress, Tally, TerminalProgress
 from sync.strategy import Mode, Options, SyncState, plan, watermark_of
 
@@ -77,6 +78,35 @@ def test_exact_runs_read_whole_every_set_blind_to_updates(entity):
         assert p.mode is Mode.INCREMENTAL, entity.name
     else:
         assert p.mode is Mode.SNAPSHOT, entity.name
+
+
+def test_over_budget_a_key_range_continues_where_the_last_ended():
+    """A set given a share of the nightly budget reads a key range from the rotation's
+    position, whole, and (with a cursor) its new rows; its bounds come from held keys."""
+    over = Options(read_whole=frozenset(), read_ranges={PRESCRIPTIONS.name: 2})
+    state = SyncState(RECENT.watermark, RECENT.last_snapshot_at, range_position="150")
+    p = plan(PRESCRIPTIONS, state, over, NOW)
+    assert (p.mode, p.range_pages, p.range_from) == (Mode.RANGE, 2, "150")
+    assert p.moves_watermark and render(p) == "created_at ge '2026-11-19T21:30:00Z'"
+    held = range(1, 501)
+    key_range = KeyRange.of(p, held)
+    assert (key_range.low, key_range.high) == (150, 350)  # two pages of held keys
+    assert key_range.as_text() == ("150", "350")
+    assert Query(PRESCRIPTIONS, filter=key_range.filter()).params()["$filter"] == (
+        "(id ge 150 and id lt 350)"
+    )
+    key_range.read([{"id": k} for k in range(150, 350) if k != 200])
+    assert key_range.gone() == [200]  # held in the range, not in it now: deleted
+    last = KeyRange.of(plan(PRESCRIPTIONS, replace(state, range_position="450"), over, NOW), held)
+    assert (last.low, last.high, len(last.held)) == (450, None, 51)  # to the last key
+    no_cursor = plan(
+        INSURANCE_VERIFICATIONS,
+        SyncState(),
+        replace(over, read_ranges={INSURANCE_VERIFICATIONS.name: 1}),
+        NOW,
+    )
+    assert no_cursor.mode is Mode.RANGE and no_cursor.range_from is None
+    assert render(no_cursor) is None  # no cursor: the range only
 
 
 def test_documents_ride_whole_and_have_no_backfill():

@@ -49,6 +49,19 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "last_loaded_at": ("TIMESTAMPTZ", "When the last load committed"),
             "last_extracted_at": ("TIMESTAMPTZ", "Extraction time of the newest loaded batch"),
             "last_snapshot_at": ("TIMESTAMPTZ", "Extraction time of the last full snapshot"),
+            "range_position": (
+                "VARCHAR",
+                "Under a nightly budget: the key the next key range read starts from (null: "
+                "the first key)",
+            ),
+            "range_started_at": ("TIMESTAMPTZ", "When the current rotation of key ranges began"),
+            "range_read_at": ("TIMESTAMPTZ", "Extraction time of the last key range read"),
+            "covered_at": (
+                "TIMESTAMPTZ",
+                "Under a nightly budget: when the last completed rotation of key ranges "
+                "began (every record read since); staleness counts from it or the last "
+                "snapshot, whichever is later",
+            ),
         },
     ),
     "sync_runs": (

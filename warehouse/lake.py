@@ -68,6 +68,8 @@ class BatchInfo:
     rejects: int
     format: int = FORMAT_VERSION
     deletes: int = 0  # keys the extraction found deleted at the source (reconciliation)
+    # [low, high) read whole, keys as text (None: open): a budgeted run's share of a set
+    key_range: list[str | None] | None = None
 
     @property
     def extracted(self) -> datetime:
@@ -118,6 +120,7 @@ class Lake:
         snapshot_complete: bool = False,
         rejects: Sequence[Reject] = (),
         deletes: Sequence[str] = (),
+        key_range: tuple[str | None, str | None] | None = None,
     ) -> Path:
         """Write one normalised batch (its rejects, and the keys found deleted at the source
         as text) atomically; return the data file."""
@@ -150,6 +153,7 @@ class Lake:
             rows=table.num_rows,
             rejects=len(rejects),
             deletes=len(deletes),
+            key_range=list(key_range) if key_range is not None else None,
         )
         tmp = tmp_dir / f"{batch_id}.parquet"
         while True:

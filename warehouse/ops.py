@@ -214,21 +214,37 @@ def watermark(con: duckdb.DuckDBPyConnection, entity: str) -> str | None:
     return row[0] if row else None
 
 
+# Every record of the set was read at or after it: the last snapshot, or the start of the
+# last completed rotation of key ranges (`covered_at`).
+COVERED = 'greatest("covered_at", "last_snapshot_at")'
+
+
 def sync_state(
     con: duckdb.DuckDBPyConnection, entity: str
-) -> tuple[str | None, datetime | None] | None:
-    """(watermark, last_snapshot_at) of one set; None before its first load."""
+) -> tuple[str | None, datetime | None, str | None] | None:
+    """(watermark, last_snapshot_at, range_position) of one set; None before its first load."""
     row = con.execute(
-        'SELECT "watermark", "last_snapshot_at" FROM "ops"."sync_state" WHERE "entity" = ?',
+        'SELECT "watermark", "last_snapshot_at", "range_position" FROM "ops"."sync_state" '
+        'WHERE "entity" = ?',
         [entity],
     ).fetchone()
-    return (row[0], row[1]) if row else None
+    return (row[0], row[1], row[2]) if row else None
 
 
-def last_snapshots(con: duckdb.DuckDBPyConnection) -> dict[str, datetime | None]:
-    """Per set, when it was last read whole."""
-    rows = con.execute('SELECT "entity", "last_snapshot_at" FROM "ops"."sync_state"').fetchall()
-    return dict(rows)
+def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """Per set: since when every record was read (a snapshot or a completed rotation of key
+    ranges), and when a key range was last read."""
+    rows = con.execute(
+        f'SELECT "entity", {COVERED}, "range_read_at" FROM "ops"."sync_state"'
+    ).fetchall()
+    return {name: (covered, ranged) for name, covered, ranged in rows}
+
+
+def covered_at(con: duckdb.DuckDBPyConnection, entity: str) -> datetime | None:
+    row = con.execute(
+        f'SELECT {COVERED} FROM "ops"."sync_state" WHERE "entity" = ?', [entity]
+    ).fetchone()
+    return row[0] if row else None
 
 
 def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
@@ -253,7 +269,7 @@ def write_state(
     started before (overlapping runs) leaves the later run's watermark."""
     newest = max((i.extracted for i in infos), default=None)
     con.execute(
-        'INSERT INTO "ops"."sync_state" SELECT ?, NULL, NULL, NULL, NULL, NULL '
+        'INSERT INTO "ops"."sync_state" ("entity") SELECT ? '
         'WHERE NOT EXISTS (SELECT 1 FROM "ops"."sync_state" WHERE "entity" = ?)',
         [entity, entity],
     )
@@ -267,6 +283,30 @@ def write_state(
         'ELSE "last_snapshot_at" END WHERE "entity" = ?',
         [newest, watermark, run_id, newest, snapshot and newest is not None, newest, entity],
     )
+    ranged = [i for i in infos if i.key_range is not None]
+    if ranged:
+        _advance_range(con, entity, max(ranged, key=lambda i: i.extracted))
+
+
+def _advance_range(con: duckdb.DuckDBPyConnection, entity: str, info: BatchInfo) -> None:
+    """A key range read whole: the rotation moves on to its end; one that began at the
+    first key starts a rotation, one that reached the last key completes it (every record
+    was then read at or after the rotation began)."""
+    low, high = info.key_range or (None, None)
+    con.execute(
+        'UPDATE "ops"."sync_state" SET "range_position" = ?, '
+        '"range_started_at" = CASE WHEN ? OR "range_started_at" IS NULL '
+        'THEN ?::TIMESTAMPTZ ELSE "range_started_at" END, '
+        '"range_read_at" = greatest("range_read_at", ?::TIMESTAMPTZ) WHERE "entity" = ?',
+        [high, low is None, info.extracted, info.extracted, entity],
+    )
+    if high is None:  # the rotation is complete: it covered the set from when it began
+        con.execute(
+            'UPDATE "ops"."sync_state" SET "covered_at" = '
+            'greatest("covered_at", "range_started_at"), '
+            '"range_started_at" = NULL WHERE "entity" = ?',
+            [entity],
+        )
 
 
 def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[EntityStatus]:
