@@ -11,8 +11,9 @@ are found at the cost of a few requests:
    <cursor> desc` answers, at one moment, the set's total and its newest writes. Those at or
    after the mark are re-read into the batch (a probe whose hundred records all lie there
    pages the rest by `<cursor> ge <mark>`), and the mark moves up to the newest. A set
-   without a cursor probes `$orderby=<key>`: a set of at most a hundred records comes back
-   whole and is compared key by key.
+   without a cursor probes `$orderby=<key> desc`: a set of at most a hundred records comes
+   back whole and is compared key by key; a larger one has its highest hundred keys (where
+   new records get their numbers) compared.
 3. If the total differs from the keys held, the difference lies in key ranges, each asked
    as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range that disagrees is
    halved at a held key: one request counts the lower half, the upper half's count is the
@@ -280,11 +281,17 @@ class Reconciler:
     def _probe(self) -> int:
         """One request: the source's total now, and its writes since the mark re-read."""
         if self.cursor is None:
-            query = Query(self.entity, orderby=[(self.key, False)], top=PAGE_SIZE, count=True)
+            query = Query(self.entity, orderby=[(self.key, True)], top=PAGE_SIZE, count=True)
             envelope = self._page(query)
             total = int(envelope[COUNT])
-            if len(envelope["value"]) >= total:  # the whole set, at one moment
-                self._settle(sorted(self.held), envelope["value"])
+            newest = envelope["value"]
+            if len(newest) >= total:  # the whole set, at one moment
+                self._settle(sorted(self.held), newest)
+            elif (lowest := self._key(newest[-1]) if newest else None) is not None:
+                # The highest hundred keys, at one moment, where a service that numbers its
+                # records puts new ones: inserts there, and deletes among them, are settled
+                # here instead of by halving key ranges.
+                self._settle(sorted(k for k in self.held if k >= lowest), newest)
             return total
         query = Query(
             self.entity,

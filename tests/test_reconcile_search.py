@@ -68,3 +68,22 @@ def test_what_the_search_cannot_find_is_reported(tmp_path, scale, reads_it_all):
     else:
         assert not result.exact and result.unconfirmed == result.unreconciled == 2
         assert result.requests < pages // 2, (result, pages)
+
+
+def test_the_probe_settles_the_highest_keys_of_a_set_without_a_cursor(tmp_path):
+    """A set without a change cursor probes its highest keys: an insert after the last key
+    read (where a service numbers new records) and a delete among the hundred highest cost
+    no request beyond the probe, though they cancel in the count."""
+    with (
+        SandboxServer(SandboxConfig(seed=3, scale=0.5)) as server,
+        ClinicalClient(settings_for(server, tmp_path)) as client,
+    ):
+        keys = sorted(read_ids(client, ENTITY))
+        table = server.store.tables[ENTITY.name]
+        table.delete(keys[-50])
+        server.store.plant(ENTITY, {**table.get(keys[0]), ENTITY.key: keys[-1] + 1000})
+        reconciler = Reconciler(ENTITY, client, take=lambda records: None, held=keys)
+        result = reconciler.finish()
+    assert len(keys) > 300
+    assert (result.inserted, result.deleted, result.requests) == (1, 1, 1), result
+    assert reconciler.deleted_keys() == [str(keys[-50])] and keys[-1] + 1000 in reconciler.held
