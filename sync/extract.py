@@ -201,7 +201,12 @@ class KeyRange:
         return [k for k in self.held if k not in self.seen]
 
     def as_text(self) -> tuple[str | None, str | None]:
-        return tuple(None if k is None else str(k) for k in (self.low, self.high))  # type: ignore[return-value]
+        """The bounds as the lake and `ops.sync_state` keep them."""
+        return _text(self.low), _text(self.high)
+
+
+def _text(key: Any) -> str | None:
+    return None if key is None else str(key)
 
 
 def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
