@@ -11,6 +11,18 @@ it. Retries are dlt's defaults, and so is sequential extraction: `--parallel`
 turns on dlt's documented `parallelized=True`, whose threads, against a 5 requests/s limit,
 exhaust dlt's default retries on 429 so that the run fails.
 
+Tokens: dlt 1.31's `OAuth2ClientCredentials` renews a token only once its own clock says it
+expired, a clock started when the token's answer arrived (after the service started its),
+with no margin; and dlt's retries (`requests.retry.Client`, tenacity around `Session.send`)
+resend a request as first prepared, bearer token included. So a request sent in the last
+milliseconds of a token's life, or a 429 retried after it, carries a token the service
+has expired, and the 401 ends the run (dlt retries 429 and 5xx, not 401). None of its
+documented settings changes that (`default_token_expiration` applies only when the answer
+has no `expires_in`). Every expiry a run outlives is a chance to fail, near certain when it
+is being throttled (scale 10 at 50 requests/s: a 401 after 3,560 requests and 302 s);
+e2e_vs_dlt.py's sparse run (5/s, 300 ms latency) outlived three tokens. So
+expansion_cost.py lengthens the sandbox's token lifetime for dlt's run.
+
 Run in its own process so its peak RSS and CPU seconds are its own:
   python benchmarks/dlt_source.py --duckdb PATH --pipelines-dir DIR   (CLINICAL_* from the env)
 The pipeline state (dlt's incremental cursors) lives in the pipelines dir: a second run with

@@ -145,5 +145,8 @@ def test_expansion_cost_prints_every_run_side_by_side(tmp_path: Path) -> None:
         assert any(line.startswith(name) for line in lines), run.stdout
     full = next(line for line in lines if line.startswith("ours full")).split()
     assert full[-1] == "yes"  # a full sync equals the truth, documents included
+    dlt = lines.index(next(line for line in lines if line.startswith("dlt full")))
+    assert "FAILED" not in lines[dlt + 1]  # dlt finishes, under its own limits:
+    assert "sandbox for this run: 50/s, burst 50, tokens living 3600 s" in lines[dlt + 1]
     verdicts = [line.split()[0] for line in lines if "naive" in line and "<=" in line]
     assert verdicts and set(verdicts) <= {"PASS", "FAIL"}

@@ -35,6 +35,33 @@ def test_rate_limit_answers_429_with_retry_after():
             assert client.get("Branches").status_code == 200
 
 
+def test_limits_and_token_lifetime_change_at_runtime_and_back():
+    """benchmarks/expansion_cost.py lifts the limit and lengthens tokens for dlt's run through
+    the control, then puts ours back: each setting must take effect, and only for tokens
+    issued after it."""
+    config = SandboxConfig(scale=0.02, rate=2, burst=2, token_lifetime=0.5)
+    with SandboxServer(config) as server:
+        control = server.control()
+        short = api_client(server)  # a token issued under the 0.5 s lifetime
+        assert control.faults(rate=None, token_lifetime=60) == {"rate": None, "token_lifetime": 60}
+        with api_client(server) as client:
+            assert {client.get("Branches").status_code for _ in range(8)} == {200}
+            time.sleep(0.7)
+            assert client.get("Branches").status_code == 200  # issued at 60 s: alive
+            with short:
+                assert short.get("Branches").status_code == 401  # kept its own expiry
+
+        control.faults(rate=2, burst=2, token_lifetime=0.5)
+        time.sleep(1.1)  # the bucket refills to the burst
+        with api_client(server) as client:
+            statuses = [client.get("Branches").status_code for _ in range(6)]
+            assert statuses[:2] == [200, 200] and 429 in statuses
+            time.sleep(1.1)
+            response = client.get("Branches")
+        assert response.status_code == 401
+        assert "expired" in error_of(response)["details"]
+
+
 # -- faults -------------------------------------------------------------------------------
 
 
