@@ -307,10 +307,22 @@ def limits_note(limits: Mapping[str, float | None], args: argparse.Namespace) ->
     ]
 
 
+def positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a rate above 0 requests/s")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=10.0, help="sandbox size (1 is quick)")
-    parser.add_argument("--rate", type=float, default=20.0, help="requests/s, both sides")
+    parser.add_argument(
+        "--rate",
+        type=positive,
+        default=20.0,
+        help="requests/s, ours (above 0: the targets are wall time against requests / rate)",
+    )
     parser.add_argument("--burst", type=int, default=10)
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--no-dlt", action="store_true", help="leave dlt's full run out")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.e2e_vs_dlt import parse_sync_table
+from benchmarks.expansion_cost import parse_args as expansion_args
 from benchmarks.measure import (
     child_env,
     last_json_line,
@@ -150,3 +151,10 @@ def test_expansion_cost_prints_every_run_side_by_side(tmp_path: Path) -> None:
     assert "sandbox for this run: 50/s, burst 50, tokens living 3600 s" in lines[dlt + 1]
     verdicts = [line.split()[0] for line in lines if "naive" in line and "<=" in line]
     assert verdicts and set(verdicts) <= {"PASS", "FAIL"}
+
+
+def test_expansion_cost_refuses_a_rate_its_targets_cannot_use() -> None:
+    """Its wall-time targets divide by the rate, and ours needs a limit: 0 is refused."""
+    assert expansion_args(["--rate", "5"]).rate == 5
+    with pytest.raises(SystemExit):
+        expansion_args(["--rate", "0"])
