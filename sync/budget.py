@@ -123,7 +123,7 @@ def allot(costs: Sequence[SetCost], budget: int, run_started: datetime) -> Allot
             chosen.add(c.entity.name)
             left -= cost
     ranges: dict[str, int] = {}
-    for c in sorted(wanted, key=lambda c: (order(c)[0], order(c)[2])):  # stalest, rider or not
+    for c in sorted(wanted, key=lambda c: order(c)[::2]):  # stalest, rider or not
         if c.entity.name in chosen or c.entity.contained_in or left <= PER_SET:
             continue
         pages = min(left - PER_SET, c.pages - PER_SET)

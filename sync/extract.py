@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import record_key
+from connectors.clinical_records.paging import entity_key
 from connectors.clinical_records.query import Expr, F, Query, all_of
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
@@ -178,9 +178,8 @@ class KeyRange:
     @classmethod
     def of(cls, plan: Plan, held: Iterable[Any]) -> KeyRange:
         entity = plan.entity
-        numeric = entity.key_field.type is Edm.INT32
         ordered = sorted(held)
-        low = None if plan.range_from is None else record_key(plan.range_from, numeric)
+        low = None if plan.range_from is None else entity_key(entity, plan.range_from)
         start = 0 if low is None else bisect_left(ordered, low)
         end = start + plan.range_pages * PAGE_SIZE
         high = ordered[end] if end < len(ordered) else None
@@ -194,8 +193,7 @@ class KeyRange:
         )
 
     def read(self, records: list[dict]) -> None:
-        numeric = self.entity.key_field.type is Edm.INT32
-        self.seen.update(record_key(r.get(self.entity.key), numeric) for r in records)
+        self.seen.update(entity_key(self.entity, r.get(self.entity.key)) for r in records)
 
     def gone(self) -> list[Any]:
         return [k for k in self.held if k not in self.seen]

@@ -46,7 +46,7 @@ from typing import Any
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import COUNT, record_key
+from connectors.clinical_records.paging import COUNT, entity_key
 from connectors.clinical_records.query import Comparison, Expr, Query, all_of
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,6 @@ class Reconciler:
     ) -> None:
         self.entity, self.client, self.take = entity, client, take
         self.key, self.cursor = entity.key, entity.change_cursor
-        self.numeric = entity.key_field.type is Edm.INT32
         self.held: set[Any] = set(held)
         self.gone: set[Any] = set()
         self.unkeyed = 0  # records without a usable key: counted by the source, not rangeable
@@ -459,11 +458,15 @@ class Reconciler:
             self.result.requests += self.client.stats.requests - before
 
     def _key(self, record: dict) -> Any:
-        return record_key(record.get(self.key), self.numeric)
+        return entity_key(self.entity, record.get(self.key))
+
+
+def held_key(entity: EntitySet, value: Any) -> Any:
+    """A warehouse key (its canonical type) in the kind the API sends it; None for none."""
+    return entity_key(entity, value if entity.key_field.type is Edm.INT32 else str(value))
 
 
 def held_from(entity: EntitySet, keys: Iterable[Any]) -> set[Any]:
     """Warehouse keys (canonical types) in the kind the API sends them."""
-    numeric = entity.key_field.type is Edm.INT32
-    found = (record_key(v if numeric else str(v), numeric) for v in keys)
+    found = (held_key(entity, v) for v in keys)
     return {k for k in found if k is not None}

@@ -13,16 +13,15 @@ from typing import Any
 from connectors.clinical_records.catalogue import (
     DOCUMENTS,
     PAGE_SIZE,
-    Edm,
     EntitySet,
     Navigation,
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.paging import record_key
+from connectors.clinical_records.paging import entity_key
 from connectors.clinical_records.query import F, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
-from sync.reconcile import Reconciler, Reconciliation
+from sync.reconcile import Reconciler, Reconciliation, held_key
 from sync.strategy import Mode, Plan
 
 DOCUMENTS_BLIND = (
@@ -82,7 +81,7 @@ class Rider:
 
     def key(self, record: dict) -> Any:
         """A record's key in the API's kind (as the pager and the reconciler compare it)."""
-        return record_key(record.get(self.entity.key), self.entity.key_field.type is Edm.INT32)
+        return entity_key(self.entity, record.get(self.entity.key))
 
 
 def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
@@ -117,14 +116,13 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     assert reconciler is not None and reconciler.started_total is not None
     pages = max(1, math.ceil(reconciler.started_total / PAGE_SIZE))
     remote = rider.nav.remote
-    numeric = entity.key_field.type is Edm.INT32
     read_whole = {canonical(p) for p in parents} - {canonical(p) for p in rider.short}
     # Held last run under a parent that was not read now (deleted, or never there): a
     # snapshot asks for each by key. Held under a parent read whole, and not come with it:
     # gone.
     known, gone = [], []
     for k, parent in rider.input.parents.items():
-        key = record_key(k if numeric else str(k), numeric)
+        key = held_key(entity, k)
         if key is None:
             continue
         if parent is None:

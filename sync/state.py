@@ -112,4 +112,5 @@ class Committed:
 def covered_since(con: duckdb.DuckDBPyConnection, entity: EntitySet) -> datetime | None:
     """Since when every record of `entity` was read (a snapshot, or a completed rotation of
     key ranges), on an open connection."""
-    return _utc(ops.covered_at(con, entity.name))
+    covered, _ = ops.coverage(con).get(entity.name, (None, None))
+    return _utc(covered)

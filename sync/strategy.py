@@ -118,7 +118,7 @@ def _plan_snapshot(entity: EntitySet, state: SyncState, options: Options, now: d
     return Plan(entity, Mode.SNAPSHOT, "small set: a snapshot every run")
 
 
-def _plan_range(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
+def _plan_range(entity: EntitySet, state: SyncState, options: Options) -> Plan:
     """Over the budget, a share of it: the new rows (where there is a cursor), and a key
     range read whole from where the last one ended, its updates and deletes with it."""
     pages = options.read_ranges[entity.name]
@@ -136,8 +136,6 @@ def _plan_range(entity: EntitySet, state: SyncState, options: Options, now: date
 def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
     if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
-    if options.exact and entity.name in options.read_ranges:
-        return _plan_range(entity, state, options, now)
     if options.exact:  # over the nightly budget: new rows only, updates wait
         return _plan_cursor(entity, state, options, now, over_budget=True)
     if _snapshot_due(state, options, now):
@@ -148,8 +146,6 @@ def _plan_created(entity: EntitySet, state: SyncState, options: Options, now: da
 def _plan_periodic(entity: EntitySet, state: SyncState, options: Options, now: datetime) -> Plan:
     if options.whole(entity):
         return Plan(entity, Mode.SNAPSHOT, EXACT_REASON)
-    if options.exact and entity.name in options.read_ranges:
-        return _plan_range(entity, state, options, now)
     if options.exact:
         return Plan(entity, Mode.SKIP, OVER_BUDGET)
     if _snapshot_due(state, options, now):
@@ -198,6 +194,8 @@ def plan(
         return Plan(entity, Mode.SNAPSHOT, "full sync requested")
     if state.watermark is None and entity.strategy in (Strategy.CURSOR, Strategy.CREATED):
         return Plan(entity, Mode.SNAPSHOT, "no watermark yet: first sync")
+    if options.exact and entity.name in options.read_ranges:  # the budget's share
+        return _plan_range(entity, state, options)
     return PLANNERS[entity.strategy](entity, state, options, now)
 
 

@@ -214,11 +214,6 @@ def watermark(con: duckdb.DuckDBPyConnection, entity: str) -> str | None:
     return row[0] if row else None
 
 
-# Every record of the set was read at or after it: the last snapshot, or the start of the
-# last completed rotation of key ranges (`covered_at`).
-COVERED = 'greatest("covered_at", "last_snapshot_at")'
-
-
 def sync_state(
     con: duckdb.DuckDBPyConnection, entity: str
 ) -> tuple[str | None, datetime | None, str | None] | None:
@@ -235,16 +230,10 @@ def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None,
     """Per set: since when every record was read (a snapshot or a completed rotation of key
     ranges), and when a key range was last read."""
     rows = con.execute(
-        f'SELECT "entity", {COVERED}, "range_read_at" FROM "ops"."sync_state"'
+        'SELECT "entity", greatest("covered_at", "last_snapshot_at"), "range_read_at" '
+        'FROM "ops"."sync_state"'
     ).fetchall()
     return {name: (covered, ranged) for name, covered, ranged in rows}
-
-
-def covered_at(con: duckdb.DuckDBPyConnection, entity: str) -> datetime | None:
-    row = con.execute(
-        f'SELECT {COVERED} FROM "ops"."sync_state" WHERE "entity" = ?', [entity]
-    ).fetchone()
-    return row[0] if row else None
 
 
 def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:

@@ -79,6 +79,11 @@ def record_key(key: Any, numeric: bool) -> str | int | None:
     return None
 
 
+def entity_key(entity: EntitySet, key: Any) -> str | int | None:
+    """`record_key` in the kind of `entity`'s key field."""
+    return record_key(key, entity.key_field.type is Edm.INT32)
+
+
 def paging_query(entity: EntitySet, query: Query | None) -> Query:
     """The query's filter, select and expand, ordered by the key; refuse what paging owns."""
     query = query or Query(entity)
