@@ -17,16 +17,27 @@ are found at the cost of a few requests:
 3. If the total differs from the keys held, the difference lies in key ranges, each asked
    as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range that disagrees is
    halved at a held key: one request counts the lower half, the upper half's count is the
-   rest of its parent's. A range of at most a hundred records comes back whole and is
-   compared key by key (held but gone: deleted; there but not held: inserted); a range whose
-   count agrees is left alone; one cheaper to read than to halve is read by keyset pages.
+   rest of its parent's. The same request brings the lower half's first page, which settles
+   its lowest hundred keys (compared key by key: held but gone, deleted; there but not held,
+   inserted), so what stays in doubt is the rest, with the rest of the count. A range of two
+   pages is asked for its first page alone; a range of at most a hundred records, or one
+   cheaper to read than to halve, is read. A range whose count agrees is left alone.
+   A set that a small set navigates to (Branches -> Patients, Prescriptions, Claims,
+   Appointments: `partition_of`) is first counted per parent in one request
+   (`Branches?$expand=Patients($count=true;$top=0)`), and only the cells that differ are
+   halved: a delete is searched for among a few hundred records, not the whole set. A
+   record that moved to another parent unseen leaves one cell and turns up in another,
+   read again as it is now; were that cell not searched, the next probe's count would
+   bring it back.
 4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
    left is reported (`residual`), never silent.
-5. A count cannot tell one record missing from one held but deleted: they cancel. Where the
-   caller expects records no read brought (children whose parent was deleted before its
-   page: `expected_new`) and the ranges showed fewer, ranges that agree are halved too, in
-   breadth, until they are found or a bounded search is spent; what is not found is
-   reported (`unconfirmed`).
+5. Children whose parent was deleted before its page come with no parent's page. They
+   share that parent's reference, so `find_children` halves ranges of the reference
+   instead of the key, and finds all of one parent's children in one search.
+6. A count cannot tell one record missing from one held but deleted: they cancel. Where the
+   caller expects records no read brought (`expected_new`, what step 5 did not find) and the
+   ranges showed fewer, ranges that agree are halved too, in breadth, until they are found
+   or a bounded search is spent; what is not found is reported (`unconfirmed`).
 
 Exact for a set whose records carry `updated_at`. With `created_at` only, or no cursor, an
 update of a record already read cannot be seen, and a range count cannot tell an insert
@@ -38,16 +49,18 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, partition_of
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import COUNT, entity_key
-from connectors.clinical_records.query import Comparison, Expr, Query, all_of
+from connectors.clinical_records.errors import ApiError
+from connectors.clinical_records.paging import COUNT, entity_key, record_key
+from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +70,22 @@ FRUITLESS = 3  # narrowings in a row that find nothing before a difference is le
 
 @dataclass
 class Span:
-    """A key range [low, high) (None: open), its held keys `ordered[i:j]`, and the source's
-    count in it (asked, or derived from its parent's)."""
+    """A key range from `low` (None: open; `past`: exclusive) to `high` (exclusive; None:
+    open), within the cell `where` (None: the whole set), its held `keys` (sorted), the
+    source's count in it (asked, or derived from its parent's), and, when its own request
+    returned it, its first page."""
 
     low: Any
     high: Any
-    i: int
-    j: int
+    keys: list[Any]
     count: int
+    first: list[dict] | None = None
+    past: bool = False
+    where: Expr | None = None
 
     @property
     def held(self) -> int:
-        return self.j - self.i
+        return len(self.keys)
 
 
 def search_cost(missing: int, total: int) -> int:
@@ -173,6 +190,8 @@ class Reconciler:
         self.started_total: int | None = None  # its count when the read began
         self.ceiling = datetime.now(UTC) + FUTURE
         self.result = Reconciliation(blind=_blind(entity))
+        self.partition = partition_of(entity)
+        self.parents: dict[Any, Any] = {}  # key -> its reference into the partition, as sent
 
     # -- the three calls ----------------------------------------------------------------------
 
@@ -204,6 +223,7 @@ class Reconciler:
                 self.unkeyed += 1
             else:
                 self.held.add(key)
+        self._note_parents(records)
 
     def finish(self, budget: int | None = None, *, expected_new: int = 0) -> Reconciliation:
         """Probe, and chase differences through key ranges, until the total agrees or
@@ -337,29 +357,112 @@ class Reconciler:
                 self.result.caught_up += 1
             self.held.add(key)
             self.gone.discard(key)
+        self._note_parents(records)
         self.take(records)
+
+    # -- children of a parent deleted before its page ---------------------------------------
+
+    def find_children(self, ref: str, refs: list[Any], expected: int) -> list[dict]:
+        """Records no read brought whose parent was deleted before its page: they share that
+        parent's reference, so ranges of `ref` (not of the key) are halved, following those
+        that count more records than the `refs` held in them, and all of one parent's
+        children turn up in one search. `refs`: the sorted references of the records held.
+        Returns the records found (not yet taken); bounded by `search_cost`."""
+        found: list[dict] = []
+        if not refs or expected <= 0:
+            return found
+        start, limit = self.result.requests, search_cost(expected, len(refs) + expected)
+        pending: deque[tuple[Any, Any, int, int, int]] = deque()  # (low, high, i, j, count)
+
+        def follow(low: Any, high: Any, i: int, j: int, count: int | None) -> None:
+            if count is not None and count > j - i:  # more there than held: some not read
+                pending.append((low, high, i, j, count))
+
+        middle = _split(refs, 0, len(refs))
+        if middle is None:  # one reference only
+            self._children(ref, None, None, found, whole=True)
+        else:
+            follow(None, refs[middle], 0, middle, self._children(ref, None, refs[middle], found))
+            follow(
+                refs[middle],
+                None,
+                middle,
+                len(refs),
+                self._children(ref, refs[middle], None, found),
+            )
+        while pending and len(found) < expected and self.result.requests - start < limit:
+            low, high, i, j, count = pending.popleft()
+            middle = _split(refs, i, j)
+            if middle is None:  # one reference only: its children are read
+                self._children(ref, low, high, found, whole=True)
+                continue
+            lower = self._children(ref, low, refs[middle], found)
+            if lower is None:  # settled, and its count is what came back
+                lower = middle - i + sum(1 for r in found if _within(r.get(ref), low, refs[middle]))
+            follow(low, refs[middle], i, middle, lower)
+            follow(refs[middle], high, middle, j, count - lower)
+        self.result.inserted += len(found)
+        return found
+
+    def _children(
+        self, ref: str, low: Any, high: Any, found: list[dict], whole: bool = False
+    ) -> int | None:
+        """One request counts the records whose `ref` lies in [low, high); a range of at
+        most a page comes back whole with it, and one `whole` is read: their records not
+        held join `found`, and None is returned, for the range is settled."""
+        condition = all_of(
+            None if low is None else Comparison(ref, "ge", low),
+            None if high is None else Comparison(ref, "lt", high),
+        )
+        self.result.ranges += 1
+        if whole:
+            records = list(self._all(Query(self.entity, filter=condition)))
+        else:
+            orderby = [(ref, False), (self.key, False)]
+            query = Query(self.entity, filter=condition, orderby=orderby, top=PAGE_SIZE, count=True)
+            envelope = self._page(query)
+            count, records = int(envelope[COUNT]), envelope["value"]
+            if len(records) < count:
+                return count
+        seen = {self._key(r) for r in found}
+        for record in records:
+            if (key := self._key(record)) not in self.held and key not in seen:
+                found.append(record)
+                seen.add(key)
+        return None
 
     # -- key ranges ---------------------------------------------------------------------------
 
     def _narrow(self, total: int, budget: int, search: int = 0) -> bool:
         """Find where the source's `total` and the held keys differ by halving key ranges: a
         half's count comes from one request, the other half's is the rest of its parent's.
+        Every count also brings the range's first page, which settles its lowest hundred
+        keys: a range of two pages costs one request, and a second only where the
+        difference lies past its first page. A set a small set navigates to is first
+        counted per parent of it (`_cells`), and only the cells that differ are halved.
         `search`: records missing although counts may agree (a delete cancels each); ranges
         that agree are halved too, widest first, until as many are found or `search_cost`
         requests are spent (a set that costs no more to read is read: then True)."""
         ordered = sorted(self.held)
-        pending: deque[Span] = deque([Span(None, None, 0, len(ordered), total)])
+        whole = Span(None, None, ordered, total)
+        pending: deque[Span] = deque([whole])
         agreeing: deque[Span] = deque()
         found_before = self.result.inserted
         cost = search_cost(search, total)
         if cost >= math.ceil(total / PAGE_SIZE):  # reading it all is surer, and no dearer
-            first = self._range_page(None, None)
-            self._settle(ordered, self._read_on(first["value"], None))
+            first = self._range_page(whole)
+            self._settle(ordered, self._read_on(first["value"], whole))
             return True
+        if not search and (cells := self._cells(whole)) is not None:
+            pending = deque(cells)
         limit = min(budget, self.result.requests + cost)
         while self.result.requests < budget:
             if pending:
                 span = pending.popleft()
+                if span.first is not None:  # its lowest keys are known: settle them
+                    if rest := self._past_first(span):
+                        pending.appendleft(rest)
+                    continue
                 if span.count == span.held:
                     if search and span.count:
                         agreeing.append(span)
@@ -372,36 +475,112 @@ class Reconciler:
                 break
             pages = math.ceil(max(span.count, span.held) / PAGE_SIZE)
             differ = abs(span.count - span.held)
-            if span.held < 2 or pages <= max(2, differ * math.log2(pages)):
-                first = self._range_page(span.low, span.high)
-                self._settle(ordered[span.i : span.j], self._read_on(first["value"], span.high))
+            if span.held < 2 or pages <= 1 or (differ > 1 and pages <= differ * math.log2(pages)):
+                first = self._range_page(span)
+                self._settle(span.keys, self._read_on(first["value"], span))
                 continue
-            middle = (span.i + span.j) // 2
-            first = self._range_page(span.low, ordered[middle])
-            count = int(first[COUNT])
-            if len(first["value"]) >= count:  # the whole half came back: settled
-                self._settle(ordered[span.i : middle], first["value"])
-            else:
-                pending.append(Span(span.low, ordered[middle], span.i, middle, count))
-            rest = span.count - count
-            pending.append(Span(ordered[middle], span.high, middle, span.j, rest))
+            if pages == 2:  # its first page settles half of it, and counts the rest
+                first = self._range_page(span)
+                span.count, span.first = int(first[COUNT]), first["value"]
+                pending.appendleft(span)
+                continue
+            middle = len(span.keys) // 2
+            lower = replace(span, high=span.keys[middle], keys=span.keys[:middle])
+            first = self._range_page(lower)
+            lower.count, lower.first = int(first[COUNT]), first["value"]
+            pending.append(lower)
+            upper = replace(span, low=span.keys[middle], keys=span.keys[middle:], past=False)
+            pending.append(replace(upper, count=span.count - lower.count))
         return False
 
-    def _range_page(self, low: Any, high: Any) -> dict[str, Any]:
-        """One request: a key range's count and its first page."""
+    def _cells(self, whole: Span) -> list[Span] | None:
+        """The set counted per parent in its small partitioning set, in one request
+        (`Branches?$expand=Patients($count=true;$top=0)`): a span per cell whose count
+        differs from its held keys, the records with no parent one cell of their own. None
+        where it cannot help: no such set, parents past one page, or keys held without
+        their parent (an increment's)."""
+        if self.partition is None or not self.held <= self.parents.keys():
+            return None
+        small, navigation = self.partition
+        remote = navigation.remote
+        query = Query(
+            small,
+            select=[small.key],
+            orderby=[(small.key, False)],
+            top=PAGE_SIZE,
+            count=True,
+            expand=[Expand(navigation.name, top=0, count=True)],
+        )
+        try:
+            envelope = self._page(query)
+        except ApiError as refused:
+            if refused.status != 400:
+                raise
+            log.info(
+                "%s: the service refused counts per %s; searching key ranges alone",
+                self.entity.name,
+                small.name,
+            )
+            self.partition = None
+            return None
+        parents = envelope["value"]
+        if int(envelope[COUNT]) > len(parents):
+            return None
+        numeric = self.entity.field(remote).type is Edm.INT32
+        by_parent: dict[Any, list[Any]] = {}
+        for key in whole.keys:
+            sent = self.parents[key]
+            parent = None if sent is None else record_key(sent, numeric)
+            if sent is not None and parent is None:  # a reference no filter can name
+                return None
+            by_parent.setdefault(parent, []).append(key)
+        cells, counted = [], 0
+        for record in parents:
+            count = int(record.get(f"{navigation.name}{COUNT}", 0))
+            parent = record_key(record.get(small.key), numeric)
+            keys = by_parent.pop(parent, [])
+            counted += count
+            if parent is not None and count != len(keys):
+                where = Comparison(remote, "eq", parent)
+                cells.append(Span(None, None, keys, count, where=where))
+        orphaned = by_parent.pop(None, [])
+        if by_parent:  # held under a parent the small set does not have
+            return None
+        if whole.count - counted != len(orphaned):
+            where = Comparison(remote, "eq", None)
+            cells.append(Span(None, None, orphaned, whole.count - counted, where=where))
+        return cells
+
+    def _past_first(self, span: Span) -> Span | None:
+        """Settle a span's keys up to the last of its first page; what lies past it remains
+        (None: nothing does), its count the rest of the span's."""
+        first = span.first or []
+        if len(first) >= span.count:  # the whole span came back
+            self._settle(span.keys, first)
+            return None
+        last = self._key(first[-1])
+        if last is None:  # nothing to settle by: the span stands as counted
+            return replace(span, first=None)
+        upto = bisect_right(span.keys, last)
+        self._settle(span.keys[:upto], first)
+        rest = span.count - len(first)
+        return replace(span, low=last, keys=span.keys[upto:], count=rest, first=None, past=True)
+
+    def _range_page(self, span: Span) -> dict[str, Any]:
+        """One request: a span's count and its first page."""
         self.result.ranges += 1
         return self._page(
             Query(
                 self.entity,
-                filter=self._range(low, high),
+                filter=self._range(span.low, span.high, past=span.past, where=span.where),
                 orderby=[(self.key, False)],
                 top=PAGE_SIZE,
                 count=True,
             )
         )
 
-    def _read_on(self, records: list[dict], high: Any) -> list[dict]:
-        """A range whose first page is `records`, read on by keyset pages to its end."""
+    def _read_on(self, records: list[dict], span: Span) -> list[dict]:
+        """A span whose first page is `records`, read on by keyset pages to its end."""
         page = records
         while len(page) >= PAGE_SIZE:
             last = self._key(page[-1])
@@ -410,7 +589,7 @@ class Reconciler:
             envelope = self._page(
                 Query(
                     self.entity,
-                    filter=self._range(None, high, after=last),
+                    filter=self._range(last, span.high, past=True, where=span.where),
                     orderby=[(self.key, False)],
                     top=PAGE_SIZE,
                 )
@@ -419,10 +598,12 @@ class Reconciler:
             records = records + page
         return records
 
-    def _range(self, low: Any, high: Any, after: Any = None) -> Expr | None:
+    def _range(
+        self, low: Any, high: Any, *, past: bool = False, where: Expr | None = None
+    ) -> Expr | None:
         return all_of(
-            None if low is None else Comparison(self.key, "ge", low),
-            None if after is None else Comparison(self.key, "gt", after),
+            where,
+            None if low is None else Comparison(self.key, "gt" if past else "ge", low),
             None if high is None else Comparison(self.key, "lt", high),
         )
 
@@ -437,15 +618,24 @@ class Reconciler:
         self.held.update(there)
         self.result.deleted = len(self.gone)
         self.result.inserted += len(new)
+        self._note_parents(records)
         if records:
             self.take(records)
+
+    def _note_parents(self, records: list[dict]) -> None:
+        if self.partition is None:
+            return
+        remote = self.partition[1].remote
+        for record in records:
+            if (key := self._key(record)) is not None:
+                self.parents[key] = record.get(remote)
 
     # -- requests -----------------------------------------------------------------------------
 
     def _page(self, query: Query) -> dict[str, Any]:
         before = self.client.stats.requests
         try:
-            return self.client.page(self.entity, query)
+            return self.client.page(query.entity, query)
         finally:
             self.result.requests += self.client.stats.requests - before
 
@@ -459,6 +649,19 @@ class Reconciler:
 
     def _key(self, record: dict) -> Any:
         return entity_key(self.entity, record.get(self.key))
+
+
+def _split(refs: list[Any], i: int, j: int) -> int | None:
+    """An index in (i, j) where the sorted `refs` change value, nearest their middle (a
+    range boundary must not cut one reference's records in two); None if all are equal."""
+    middle = (i + j) // 2
+    after, before = bisect_right(refs, refs[middle], i, j), bisect_left(refs, refs[middle], i, j)
+    choices = [m for m in (before, after) if i < m < j]
+    return min(choices, key=lambda m: abs(m - middle)) if choices else None
+
+
+def _within(value: Any, low: Any, high: Any) -> bool:
+    return value is not None and (low is None or value >= low) and (high is None or value < high)
 
 
 def held_key(entity: EntitySet, value: Any) -> Any:

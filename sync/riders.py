@@ -13,6 +13,7 @@ from typing import Any
 from connectors.clinical_records.catalogue import (
     DOCUMENTS,
     PAGE_SIZE,
+    Edm,
     EntitySet,
     Navigation,
 )
@@ -63,6 +64,7 @@ class Rider:
     fetched: int = 0
     keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
     no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
+    refs: dict[Any, Any] = field(default_factory=dict)  # key -> its parent reference, as sent
     choice: str = ""
 
     def take(self, records: list[dict]) -> None:
@@ -71,13 +73,17 @@ class Rider:
         if self.reconciler:
             self.reconciler.read(records)
         self.fetched += len(records)
+        kind = str if self.entity.field(self.nav.remote).type is Edm.STRING else int
         for record in records:
             key = self.key(record)
             self.keys.add(key)
-            if record.get(self.nav.remote) is None:
+            ref = record.get(self.nav.remote)
+            if ref is None:
                 self.no_parent.add(key)
             else:
                 self.no_parent.discard(key)
+            if isinstance(ref, kind) and not isinstance(ref, bool):  # orderable as the API
+                self.refs[key] = ref
 
     def key(self, record: dict) -> Any:
         """A record's key in the API's kind (as the pager and the reconciler compare it)."""
@@ -169,6 +175,10 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     reconciler.forget(k for k in gone if k not in rider.keys)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
+    if new:  # children of parents deleted before their page: searched by their reference
+        found = reconciler.find_children(remote, sorted(rider.refs.values()), new)
+        rider.take(found)
+        new = max(0, new - len(found))
     say.info(f"{entity.name}: {rider.choice}")
     result.reconciliation = reconciler.finish(expected_new=new)
     result.source_total = reconciler.total

@@ -4,9 +4,16 @@ before its page), by halving key ranges that agree. Over HTTP against a sandbox.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from connectors.clinical_records.catalogue import INSURANCE_VERIFICATIONS
+from connectors.clinical_records.catalogue import (
+    APPOINTMENTS,
+    INSURANCE_VERIFICATIONS,
+    PATIENTS,
+    PHYSICIANS,
+)
 from connectors.clinical_records.client import ClinicalClient
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
@@ -87,3 +94,94 @@ def test_the_probe_settles_the_highest_keys_of_a_set_without_a_cursor(tmp_path):
     assert len(keys) > 300
     assert (result.inserted, result.deleted, result.requests) == (1, 1, 1), result
     assert reconciler.deleted_keys() == [str(keys[-50])] and keys[-1] + 1000 in reconciler.held
+
+
+def test_a_range_of_two_pages_costs_one_request_when_its_first_page_holds_the_difference(
+    tmp_path,
+):
+    """The request that counts a range brings its first page too: a delete among a
+    two-page range's lowest hundred keys is settled by that one request, not by reading
+    both pages."""
+    with (
+        SandboxServer(SandboxConfig(seed=3, scale=1)) as server,
+        ClinicalClient(settings_for(server, tmp_path)) as client,
+    ):
+        keys = sorted(read_ids(client, PHYSICIANS))
+        server.store.tables[PHYSICIANS.name].delete(keys[10])
+        reconciler = Reconciler(PHYSICIANS, client, take=lambda records: None, held=keys)
+        result = reconciler.finish()
+    assert 100 < len(keys) <= 200 and PHYSICIANS.change_cursor is None
+    assert reconciler.deleted_keys() == [str(keys[10])]
+    assert (result.ranges, result.requests) == (1, 3), result  # probe, the range, probe
+
+
+def test_children_of_a_parent_deleted_before_its_page_are_found_together(tmp_path):
+    """Children that no parent's page brought share their parent's reference: one search
+    over ranges of the reference finds them all, where halving key ranges would search
+    for each apart."""
+    with (
+        SandboxServer(SandboxConfig(seed=3, scale=1)) as server,
+        ClinicalClient(settings_for(server, tmp_path)) as client,
+    ):
+        records = [r for page in client.iter_pages(APPOINTMENTS) for r in page.records]
+        by_parent: dict[str, list] = {}
+        for record in records:
+            by_parent.setdefault(record["patient_id"], []).append(record["id"])
+        parent = max((p for p in by_parent if p is not None), key=lambda p: len(by_parent[p]))
+        orphans = set(by_parent[parent])
+        held = [r for r in records if r["id"] not in orphans]
+        refs = sorted(r["patient_id"] for r in held if r["patient_id"] is not None)
+        reconciler = Reconciler(
+            APPOINTMENTS, client, take=lambda records: None, held=[r["id"] for r in held]
+        )
+        found = reconciler.find_children("patient_id", refs, expected=len(orphans))
+    pages = -(-len(records) // 100)
+    assert len(orphans) >= 3 and pages > 50
+    assert {r["id"] for r in found} == orphans
+    assert reconciler.result.inserted == len(orphans)
+    assert reconciler.result.requests <= 2 + math.ceil(math.log2(pages)), reconciler.result
+
+
+@pytest.fixture
+def patients(tmp_path):
+    """A sandbox and every patient as read (`Patients` has a partition: Branches)."""
+    with (
+        SandboxServer(SandboxConfig(seed=3, scale=1)) as server,
+        ClinicalClient(settings_for(server, tmp_path)) as client,
+    ):
+        records = [r for page in client.iter_pages(PATIENTS) for r in page.records]
+        yield server, client, records
+
+
+def test_a_set_a_small_set_navigates_to_is_searched_per_parent(patients):
+    """One request counts the patients per branch (`Branches?$expand=Patients($count=true;
+    $top=0)`): a delete is then searched for among its branch's patients only."""
+    server, client, records = patients
+    gone = next(r for r in records[len(records) // 3 :] if r["primary_branch_id"] is not None)
+    server.store.tables[PATIENTS.name].delete(gone["id"])
+    reconciler = Reconciler(PATIENTS, client, take=lambda records: None)
+    reconciler.read(records)
+    result = reconciler.finish()
+    pages = -(-len(records) // 100)
+    assert reconciler.deleted_keys() == [gone["id"]] and result.exact
+    assert pages >= 20 and result.requests <= 5, result  # probe, cells, 1-2 ranges, probe
+
+
+def test_a_record_that_moved_to_another_parent_unseen_is_not_taken_for_deleted(patients):
+    """Patients have no `updated_at`: a patient moved to another branch during the read
+    leaves one cell and joins another. Next to a delete, which makes the counts differ,
+    the moved patient stays held and comes back as it is now."""
+    server, client, records = patients
+    branches = sorted({r["primary_branch_id"] for r in records} - {None})
+    moved = next(r for r in records if r["primary_branch_id"] == branches[0])
+    gone = next(r for r in records if r["primary_branch_id"] == branches[-1])
+    table = server.store.tables[PATIENTS.name]
+    table.delete(gone["id"])
+    server.store.plant(PATIENTS, {**moved, "primary_branch_id": branches[1]})
+    taken: list[dict] = []
+    reconciler = Reconciler(PATIENTS, client, take=taken.extend)
+    reconciler.read(records)
+    result = reconciler.finish()
+    assert reconciler.deleted_keys() == [gone["id"]] and result.exact
+    assert moved["id"] in reconciler.held
+    assert {r["primary_branch_id"] for r in taken if r["id"] == moved["id"]} == {branches[1]}

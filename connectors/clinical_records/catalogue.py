@@ -625,6 +625,19 @@ TOKEN_LIFETIME_SECONDS = 300
 SCOPE_PREFIX = "svc-customer-api/"
 
 
+def partition_of(target: EntitySet) -> tuple[EntitySet, Navigation] | None:
+    """A small set (read whole every run) with a navigation to `target`'s records: one
+    request to it counts them per parent (`$expand=<nav>($count=true;$top=0)`), cells that
+    reconciliation searches apart (sync/reconcile.py)."""
+    for small in ENTITY_SETS:
+        if small.strategy is not Strategy.SNAPSHOT or small is target:
+            continue
+        for navigation in small.navigations:
+            if navigation.many and not navigation.contained and navigation.target == target.name:
+                return small, navigation
+    return None
+
+
 def entity(name: str) -> EntitySet:
     """Find an entity set by the spec's name or its table name, case-insensitively."""
     wanted = name.strip().lower()
