@@ -38,6 +38,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "scaling": ["--scales", "1", "10"],
     "publish_cost": ["--scales", "10"],
     "expansion_cost": ["--scale", "1"],
+    "reconcile_cost": ["--scale", "1", "--drift-every", "20", "--drift-seeds", "1", "2"],
 }
 
 

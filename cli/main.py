@@ -28,6 +28,7 @@ def _sandbox(args: argparse.Namespace) -> int:
         drop_rate=args.drop_rate,
         token_lifetime=args.token_lifetime,
         drift_every=args.drift_every,
+        drift_seed=args.drift_seed,
         expand_cap=args.expand_cap,
         refuse_document_expand=args.refuse_document_expand,
     )
@@ -75,6 +76,9 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="every N collection requests the set being read changes: a delete, an insert "
         "anywhere in key order, an update (default 0: off)",
+    )
+    p.add_argument(
+        "--drift-seed", type=int, default=5, help="seed of where drift strikes (default: 5)"
     )
     p.add_argument(
         "--expand-cap",

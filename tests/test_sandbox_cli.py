@@ -10,6 +10,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from connectors.sandbox.control import SandboxControl
+
 pytestmark = pytest.mark.integration
 
 
@@ -87,3 +89,19 @@ def test_sandbox_command_sets_the_expansion_switches():
     branches = capped.json()["value"]
     assert all(len(b["Patients"]) <= 1 for b in branches)
     assert any(b["Patients@odata.count"] > 1 for b in branches)
+
+
+def test_sandbox_command_seeds_where_drift_strikes():
+    """`--drift-seed` picks which records drift changes: the same seed, the same changes."""
+
+    def changed(seed: str) -> list[tuple]:
+        args = ("--rate", "0", "--drift-every", "1", "--drift-seed", seed)
+        with served(*args) as (env, headers), httpx.Client(headers=headers) as client:
+            for _ in range(3):
+                client.get(f"{env['CLINICAL_API_BASE_URL']}/Patients").raise_for_status()
+            changes = SandboxControl.from_env(env).changes()
+        return [(c["kind"], c["key"]) for c in changes]
+
+    first = changed("1")
+    assert len(first) == 9  # three requests, each a delete, an insert and an update
+    assert changed("1") == first and changed("2") != first
