@@ -25,10 +25,9 @@ are found at the cost of a few requests:
    A set that a small set navigates to (Branches -> Patients, Prescriptions, Claims,
    Appointments: `partition_of`) is first counted per parent in one request
    (`Branches?$expand=Patients($count=true;$top=0)`), and only the cells that differ are
-   halved: a delete is searched for among a few hundred records, not the whole set. A
-   record that moved to another parent unseen leaves one cell and turns up in another,
-   read again as it is now; were that cell not searched, the next probe's count would
-   bring it back.
+   halved: a delete is searched for among a few hundred records, not the whole set. A key
+   missing from its cell is asked for by key before it counts as deleted: it may have moved
+   to another parent unseen (a set without `updated_at`), and is then taken as it is now.
 4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
    left is reported (`residual`), never silent.
 5. Children whose parent was deleted before its page come with no parent's page. They
@@ -192,6 +191,7 @@ class Reconciler:
         self.result = Reconciliation(blind=_blind(entity))
         self.partition = partition_of(entity)
         self.parents: dict[Any, Any] = {}  # key -> its reference into the partition, as sent
+        self.suspects: list[Any] = []  # keys missing from their parent's cell: gone, or moved
 
     # -- the three calls ----------------------------------------------------------------------
 
@@ -477,7 +477,8 @@ class Reconciler:
             differ = abs(span.count - span.held)
             if span.held < 2 or pages <= 1 or (differ > 1 and pages <= differ * math.log2(pages)):
                 first = self._range_page(span)
-                self._settle(span.keys, self._read_on(first["value"], span))
+                records = self._read_on(first["value"], span)
+                self._settle(span.keys, records, cell=span.where is not None)
                 continue
             if pages == 2:  # its first page settles half of it, and counts the rest
                 first = self._range_page(span)
@@ -491,7 +492,28 @@ class Reconciler:
             pending.append(lower)
             upper = replace(span, low=span.keys[middle], keys=span.keys[middle:], past=False)
             pending.append(replace(upper, count=span.count - lower.count))
+        self._confirm()
         return False
+
+    def _confirm(self) -> None:
+        """Keys missing from their parent's cell, each asked for by key: gone (404), or
+        moved to another parent unseen, then taken as they are now."""
+        keys, self.suspects = self.suspects, []
+        if not keys:
+            return
+        before = self.client.stats.requests
+        try:
+            found = list(self.client.each(lambda key: self.client.get(self.entity, key), keys))
+        finally:
+            self.result.requests += self.client.stats.requests - before
+        moved = [record for record in found if record is not None]
+        self.gone.update(key for key, record in zip(keys, found, strict=True) if record is None)
+        self.held.difference_update(self.gone)
+        self.gone.difference_update(self._key(record) for record in moved)
+        self.result.deleted = len(self.gone)
+        self._note_parents(moved)
+        if moved:
+            self.take(moved)
 
     def _cells(self, whole: Span) -> list[Span] | None:
         """The set counted per parent in its small partitioning set, in one request
@@ -555,14 +577,15 @@ class Reconciler:
         """Settle a span's keys up to the last of its first page; what lies past it remains
         (None: nothing does), its count the rest of the span's."""
         first = span.first or []
+        cell = span.where is not None
         if len(first) >= span.count:  # the whole span came back
-            self._settle(span.keys, first)
+            self._settle(span.keys, first, cell=cell)
             return None
         last = self._key(first[-1])
         if last is None:  # nothing to settle by: the span stands as counted
             return replace(span, first=None)
         upto = bisect_right(span.keys, last)
-        self._settle(span.keys[:upto], first)
+        self._settle(span.keys[:upto], first, cell=cell)
         rest = span.count - len(first)
         return replace(span, low=last, keys=span.keys[upto:], count=rest, first=None, past=True)
 
@@ -607,10 +630,14 @@ class Reconciler:
             None if high is None else Comparison(self.key, "lt", high),
         )
 
-    def _settle(self, held_here: list[Any], records: list[dict]) -> None:
-        """`records` are a key range as it stands: held keys missing from it are gone."""
+    def _settle(self, held_here: list[Any], records: list[dict], *, cell: bool = False) -> None:
+        """`records` are a key range as it stands: held keys missing from it are gone, or,
+        in a `cell`, suspects: they may have moved to another parent unseen (`_confirm`)."""
         there = {k for k in map(self._key, records) if k is not None}
         gone = [k for k in held_here if k not in there]
+        if cell:
+            self.suspects.extend(gone)
+            gone = []
         new = there - self.held
         self.held.difference_update(gone)
         self.gone.update(gone)
