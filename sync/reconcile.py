@@ -58,7 +58,7 @@ from typing import Any
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, partition_of
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import ApiError
-from connectors.clinical_records.paging import COUNT, entity_key, record_key
+from connectors.clinical_records.paging import COUNT, canonical, entity_key, record_key
 from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,7 @@ class Reconciler:
         caller's counts say so); the ranges are searched for them even where the total agrees."""
         result = self.result
         fruitless = 0  # narrowings in a row that found nothing (drift moved the counts?)
+        inserted_before = result.inserted  # a caller's own search (find_children) came first
         searched = False
         while True:
             result.rounds += 1
@@ -240,7 +241,7 @@ class Reconciler:
             if budget is None:
                 budget = default_budget(self.total)
             difference = self.total - (len(self.held) + self.unkeyed)
-            short = expected_new - result.inserted
+            short = expected_new - (result.inserted - inserted_before)
             if difference == 0 and short > 0 and not searched and result.requests < budget:
                 searched = True
                 if self._narrow(self.total, budget, search=short):
@@ -362,12 +363,16 @@ class Reconciler:
 
     # -- children of a parent deleted before its page ---------------------------------------
 
-    def find_children(self, ref: str, refs: list[Any], expected: int) -> list[dict]:
+    def find_children(
+        self, ref: str, refs: list[Any], expected: int, parents: set[str | None]
+    ) -> list[dict]:
         """Records no read brought whose parent was deleted before its page: they share that
         parent's reference, so ranges of `ref` (not of the key) are halved, following those
         that count more records than the `refs` held in them, and all of one parent's
-        children turn up in one search. `refs`: the sorted references of the records held.
-        Returns the records found (not yet taken); bounded by `search_cost`."""
+        children turn up in one search. `refs`: the sorted references of the records held;
+        `parents`: the parents read (`canonical`): a record found under one of them is new
+        (written during the run), taken but not one of the `expected`. Returns the records
+        found (not yet taken); bounded by `search_cost`."""
         found: list[dict] = []
         if not refs or expected <= 0:
             return found
@@ -390,7 +395,11 @@ class Reconciler:
                 len(refs),
                 self._children(ref, refs[middle], None, found),
             )
-        while pending and len(found) < expected and self.result.requests - start < limit:
+
+        def orphans() -> int:
+            return sum(canonical(r.get(ref)) not in parents for r in found)
+
+        while pending and orphans() < expected and self.result.requests - start < limit:
             low, high, i, j, count = pending.popleft()
             middle = _split(refs, i, j)
             if middle is None:  # one reference only: its children are read

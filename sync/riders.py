@@ -19,7 +19,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.paging import entity_key
+from connectors.clinical_records.paging import canonical, entity_key
 from connectors.clinical_records.query import F, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
 from sync.reconcile import Reconciler, Reconciliation, held_key
@@ -39,14 +39,6 @@ class SetInput:
     watermark: str | None = None
     held: set[Any] = field(default_factory=set)  # live keys (an increment reconciles them)
     parents: dict[Any, Any] = field(default_factory=dict)  # live key -> its parent's key
-
-
-def canonical(value: Any) -> str | None:
-    """A key or a reference, comparable across sets: digits as the number they spell."""
-    if value is None or isinstance(value, bool):
-        return None
-    text = str(value).strip()
-    return str(int(text)) if text.lstrip("-").isdigit() else text
 
 
 @dataclass
@@ -176,9 +168,10 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     if new:  # children of parents deleted before their page: searched by their reference
-        found = reconciler.find_children(remote, sorted(rider.refs.values()), new)
+        parents_read = {canonical(p) for p in parents}
+        found = reconciler.find_children(remote, sorted(rider.refs.values()), new, parents_read)
         rider.take(found)
-        new = max(0, new - len(found))
+        new = max(0, new - sum(canonical(r.get(remote)) not in parents_read for r in found))
     say.info(f"{entity.name}: {rider.choice}")
     result.reconciliation = reconciler.finish(expected_new=new)
     result.source_total = reconciler.total

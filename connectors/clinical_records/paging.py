@@ -79,6 +79,14 @@ def record_key(key: Any, numeric: bool) -> str | int | None:
     return None
 
 
+def canonical(value: Any) -> str | None:
+    """A key or a reference, comparable across sets: digits as the number they spell."""
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).strip()
+    return str(int(text)) if text.lstrip("-").isdigit() else text
+
+
 def entity_key(entity: EntitySet, key: Any) -> str | int | None:
     """`record_key` in the kind of `entity`'s key field."""
     return record_key(key, entity.key_field.type is Edm.INT32)
