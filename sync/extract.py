@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.paging import entity_key
-from connectors.clinical_records.query import Expr, F, Query, all_of
+from connectors.clinical_records.query import Expr, Query, between
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
 from sync.strategy import Mode, Plan, watermark_of
@@ -58,9 +58,8 @@ def cursor_filter(plan: Plan) -> Expr | None:
     if plan.mode not in (Mode.INCREMENTAL, Mode.BACKFILL, Mode.RANGE) or entity.cursor is None:
         return None
     to_literal = CURSOR_LITERAL[entity.field(entity.cursor).type]
-    lower = F(entity.cursor) >= to_literal(plan.since) if plan.since is not None else None
-    upper = F(entity.cursor) < to_literal(plan.until) if plan.until is not None else None
-    return all_of(lower, upper)
+    since, until = (None if t is None else to_literal(t) for t in (plan.since, plan.until))
+    return between(entity.cursor, since, until)
 
 
 @dataclass
@@ -186,11 +185,7 @@ class KeyRange:
         return cls(entity, low, high, ordered[start : end if high is not None else None])
 
     def filter(self) -> Expr | None:
-        key = self.entity.key
-        return all_of(
-            None if self.low is None else F(key) >= self.low,
-            None if self.high is None else F(key) < self.high,
-        )
+        return between(self.entity.key, self.low, self.high)
 
     def read(self, records: list[dict]) -> None:
         self.seen.update(entity_key(self.entity, r.get(self.entity.key)) for r in records)

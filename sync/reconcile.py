@@ -59,7 +59,7 @@ from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, par
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import ApiError
 from connectors.clinical_records.paging import COUNT, canonical, entity_key, record_key
-from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of
+from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of, between
 
 log = logging.getLogger(__name__)
 
@@ -377,24 +377,15 @@ class Reconciler:
         if not refs or expected <= 0:
             return found
         start, limit = self.result.requests, search_cost(expected, len(refs) + expected)
-        pending: deque[tuple[Any, Any, int, int, int]] = deque()  # (low, high, i, j, count)
+        # (low, high, i, j, count): a range of `ref`, its held refs[i:j], the source's count
+        # (None: not known, for the whole: both halves are then asked)
+        pending: deque[tuple[Any, Any, int, int, int | None]] = deque(
+            [(None, None, 0, len(refs), None)]
+        )
 
         def follow(low: Any, high: Any, i: int, j: int, count: int | None) -> None:
             if count is not None and count > j - i:  # more there than held: some not read
                 pending.append((low, high, i, j, count))
-
-        middle = _split(refs, 0, len(refs))
-        if middle is None:  # one reference only
-            self._children(ref, None, None, found, whole=True)
-        else:
-            follow(None, refs[middle], 0, middle, self._children(ref, None, refs[middle], found))
-            follow(
-                refs[middle],
-                None,
-                middle,
-                len(refs),
-                self._children(ref, refs[middle], None, found),
-            )
 
         def orphans() -> int:
             return sum(canonical(r.get(ref)) not in parents for r in found)
@@ -406,10 +397,16 @@ class Reconciler:
                 self._children(ref, low, high, found, whole=True)
                 continue
             lower = self._children(ref, low, refs[middle], found)
-            if lower is None:  # settled, and its count is what came back
+            if lower is None:  # settled: its count, for the upper's, is what came back
                 lower = middle - i + sum(1 for r in found if _within(r.get(ref), low, refs[middle]))
-            follow(low, refs[middle], i, middle, lower)
-            follow(refs[middle], high, middle, j, count - lower)
+            else:
+                follow(low, refs[middle], i, middle, lower)
+            if count is None:
+                follow(
+                    refs[middle], high, middle, j, self._children(ref, refs[middle], high, found)
+                )
+            else:
+                follow(refs[middle], high, middle, j, count - lower)
         self.result.inserted += len(found)
         return found
 
@@ -419,10 +416,7 @@ class Reconciler:
         """One request counts the records whose `ref` lies in [low, high); a range of at
         most a page comes back whole with it, and one `whole` is read: their records not
         held join `found`, and None is returned, for the range is settled."""
-        condition = all_of(
-            None if low is None else Comparison(ref, "ge", low),
-            None if high is None else Comparison(ref, "lt", high),
-        )
+        condition = between(ref, low, high)
         self.result.ranges += 1
         if whole:
             records = list(self._all(Query(self.entity, filter=condition)))
@@ -512,7 +506,7 @@ class Reconciler:
             return
         before = self.client.stats.requests
         try:
-            found = list(self.client.each(lambda key: self.client.get(self.entity, key), keys))
+            found = list(self.client.by_key(self.entity, keys))
         finally:
             self.result.requests += self.client.stats.requests - before
         moved = [record for record in found if record is not None]
@@ -633,11 +627,7 @@ class Reconciler:
     def _range(
         self, low: Any, high: Any, *, past: bool = False, where: Expr | None = None
     ) -> Expr | None:
-        return all_of(
-            where,
-            None if low is None else Comparison(self.key, "gt" if past else "ge", low),
-            None if high is None else Comparison(self.key, "lt", high),
-        )
+        return all_of(where, between(self.key, low, high, past=past))
 
     def _settle(self, held_here: list[Any], records: list[dict], *, cell: bool = False) -> None:
         """`records` are a key range as it stands: held keys missing from it are gone, or,

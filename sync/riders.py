@@ -195,7 +195,7 @@ def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconcil
 
 def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:
     """Each record by its key; one deleted meanwhile (404) is not."""
-    for record in client.each(lambda key: client.get(entity, key), keys):
+    for record in client.by_key(entity, keys):
         if record is not None:
             yield record
 

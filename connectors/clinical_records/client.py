@@ -128,6 +128,10 @@ class ClinicalClient:
         body = self.transport.json(call, validate=entity_validator)
         return {k: v for k, v in body.items() if not k.startswith("@odata.")}
 
+    def by_key(self, entity: EntitySet, keys: Sequence[Any]) -> Iterator[dict[str, Any] | None]:
+        """Each record by its key, several in flight, in order; None for one gone (404)."""
+        return self.each(lambda key: self.get(entity, key), keys)
+
     def each(self, fetch: Callable[[T], R], items: Sequence[T]) -> Iterator[R | None]:
         """`fetch` of each item, several requests in flight (the limiter paces them), in
         order; None for an item the service no longer knows (404). A pool of its own: a

@@ -219,6 +219,14 @@ def all_of(*parts: Expr | None) -> Expr | None:
     return present[0] if len(present) == 1 else Junction("and", present)
 
 
+def between(name: str, low: Any = None, high: Any = None, *, past: bool = False) -> Expr | None:
+    """`name ge low and name lt high` (`gt low` when `past`); a bound of None is open."""
+    return all_of(
+        None if low is None else Comparison(name, "gt" if past else "ge", low),
+        None if high is None else Comparison(name, "lt", high),
+    )
+
+
 # -- queries ------------------------------------------------------------------------------------
 
 OrderItem = str | tuple[str, bool]  # "name", "name desc" or (name, descending)
