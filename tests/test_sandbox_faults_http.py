@@ -139,6 +139,44 @@ def test_drift_is_the_worst_the_spec_allows(fresh_sandbox, name):
     assert {n: list(t.rows) for n, t in fresh_sandbox.store.tables.items() if n != name} == others
 
 
+def test_a_drift_script_changes_a_set_before_the_answer_to_its_nth_request(fresh_sandbox):
+    """A change aimed at one moment of a read: before the answer to the 3rd request to
+    Claims (requests to other sets do not count), an insert below every key and an update
+    that moves a claim's `updated_at` (a date) to today; nothing before, nothing after."""
+    table = fresh_sandbox.store.table("Claims")
+    first, today = table.keys[0], fresh_sandbox.store.now.date()
+    control = fresh_sandbox.control()
+    script = [{"entity": "Claims", "request": 3, "inserts": 1, "updates": 1, "place": "before"}]
+    assert control.faults(drift_script=script)["drift_script"][0]["place"] == "before"
+    lowest = []
+    with api_client(fresh_sandbox) as client:
+        for name in ("Claims", "Branches", "Claims", "Branches", "Claims", "Claims"):
+            body = client.get(name, params={"$top": "1", "$orderby": "id asc"}).json()
+            if name == "Claims":
+                lowest.append(body["value"][0]["id"])
+    changes = control.changes()
+    assert [(c["entity"], c["kind"]) for c in changes] == [
+        ("Claims", "insert"),
+        ("Claims", "update"),
+    ]
+    inserted, updated = changes[0]["key"], table.get(changes[1]["key"])
+    assert inserted < first and lowest == [first, first, inserted, inserted]
+    assert updated["updated_at"] == today.isoformat()
+    assert [(name, options["$top"]) for name, options in fresh_sandbox.sandbox.served][-1] == (
+        "Claims",
+        "1",
+    )
+
+
+def test_a_drift_script_is_checked_when_set(fresh_sandbox):
+    control = fresh_sandbox.control()
+    for wrong in ({"entity": "Nope", "request": 1}, {"entity": "Claims", "request": 0}, 5):
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            control.faults(drift_script=[wrong])
+        assert refused.value.response.status_code == 400
+    assert fresh_sandbox.config.drift_script == ()
+
+
 # -- the controls outside the spec --------------------------------------------------------
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -75,6 +76,9 @@ class Sandbox(DocumentEndpoints):
         self.limiter = RateLimiter(config.rate, config.burst)
         self.faults = FaultInjector(config)
         self.counters: Counter[str] = Counter()
+        # Every collection request served, in the order served: (set, its query options), so
+        # a test can tell which request to a set came last (a run's final look at it).
+        self.served: deque[tuple[str, dict[str, str]]] = deque(maxlen=100_000)
         self.handlers: dict[str, Handler] = {
             "service": self._service_document,
             "metadata": self._metadata,
@@ -182,6 +186,7 @@ class Sandbox(DocumentEndpoints):
         entity = resource.entity
         assert entity is not None
         query = self._query(request, entity)
+        self.served.append((entity.name, query_options(request)))
         if self.faults.should_drift():
             c = self.config
             with self.store.lock:
@@ -194,6 +199,16 @@ class Sandbox(DocumentEndpoints):
                 )
                 if expands_target(query, cat.DOCUMENTS.name):
                     self._drift_documents()
+        for change in self.faults.scripted(entity.name):
+            with self.store.lock:
+                self.store.drift(
+                    entity,
+                    inserts=change.inserts,
+                    updates=change.updates,
+                    deletes=change.deletes,
+                    rng=self.faults.script_rng,
+                    place=change.place,
+                )
         with self.store.lock:
             page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
         return json_response(envelope(request, entity.name, page.records, page.count))
@@ -252,7 +267,7 @@ class Sandbox(DocumentEndpoints):
                     return json_response(self.store.advance(**body))
             if action == "faults" and request.method == "POST":
                 self.configure(**body)
-                return json_response({name: getattr(self.config, name) for name in body})
+                return json_response({name: _plain(getattr(self.config, name)) for name in body})
             if action == "plant" and request.method == "POST":
                 with self.store.lock:
                     self.store.plant(cat.entity(body["entity"]), body["record"])
@@ -272,6 +287,8 @@ class Sandbox(DocumentEndpoints):
     def configure(self, **changes: Any) -> None:
         self.config.update(**changes)
         self.limiter.reconfigure(self.config.rate, self.config.burst)
+        if "drift_script" in changes:
+            self.faults.restart_script()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -279,6 +296,13 @@ class Sandbox(DocumentEndpoints):
             "tokens_issued": self.tokens.issued,
             **{f"injected_{kind}": n for kind, n in self.faults.injected.items()},
         }
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON shows it (a drift script's entries as objects)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return asdict(value) if is_dataclass(value) else value
 
 
 async def unrouted(request: Request, exc: Exception) -> Response:

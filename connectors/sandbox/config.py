@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from connectors.clinical_records.catalogue import TOKEN_LIFETIME_SECONDS
+from connectors.clinical_records.catalogue import BY_NAME, TOKEN_LIFETIME_SECONDS
+
+PLACES = ("before", "between", "after")  # where a drift insert's key lands in key order
 
 
 def _secret(prefix: str) -> str:
@@ -15,6 +18,41 @@ def _secret(prefix: str) -> str:
 
 def _count_like(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True)
+class ScriptedDrift:
+    """A change aimed at one moment of a read: before the answer to the `request`-th
+    collection request to `entity` (counted from when the script was set; a request a
+    fault refused is not served, so not counted), `inserts` records whose keys land at
+    `place` (None: anywhere), `updates` that move the change cursor, `deletes`."""
+
+    entity: str
+    request: int
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    place: str | None = None
+
+    @classmethod
+    def parse(cls, value: Mapping[str, Any]) -> ScriptedDrift:
+        """One entry as JSON gives it; a clear error for anything else."""
+        if not isinstance(value, Mapping):
+            raise ValueError(f"a drift_script entry must be an object, got {value!r}")
+        names = {f.name for f in fields(cls)}
+        if unknown := set(value) - names:
+            raise ValueError(f"drift_script: unknown {sorted(unknown)}; expected {sorted(names)}")
+        entry = cls(**value)
+        if entry.entity not in BY_NAME:
+            raise ValueError(f"drift_script: unknown entity set {entry.entity!r}")
+        counts = (entry.inserts, entry.updates, entry.deletes)
+        if not (
+            _count_like(entry.request) and entry.request >= 1 and all(map(_count_like, counts))
+        ):
+            raise ValueError(f"drift_script: request >= 1 and counts >= 0 expected, got {value!r}")
+        if entry.place not in (None, *PLACES):
+            raise ValueError(f"drift_script: place must be one of {PLACES} or null")
+        return entry
 
 
 @dataclass
@@ -53,6 +91,9 @@ class SandboxConfig:
     drift_updates: int = 1
     drift_deletes: int = 1
     drift_seed: int = 5
+    # Changes aimed at the Nth request to a set (ScriptedDrift), beside `drift_every`: a
+    # test reproduces a change at one exact moment of a read. Setting it restarts the count.
+    drift_script: tuple[ScriptedDrift, ...] = ()
     fault_seed: int = 1
     # Expansion (spec 4.2): at most `expand_cap` items in any expanded collection, harsher
     # than the service but plausible server-driven limiting (its `@odata.count` still tells
@@ -60,6 +101,9 @@ class SandboxConfig:
     # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
     expand_cap: int | None = None
     refuse_document_expand: bool = False
+
+    def __post_init__(self) -> None:
+        self.update(drift_script=self.drift_script)
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
         "token_lifetime",
@@ -76,6 +120,7 @@ class SandboxConfig:
         "drift_inserts",
         "drift_updates",
         "drift_deletes",
+        "drift_script",
         "expand_cap",
         "refuse_document_expand",
     )
@@ -90,7 +135,13 @@ class SandboxConfig:
         kinds = {f.name: f.type for f in fields(self)}
         for name, value in changes.items():
             kind = kinds[name]
-            if kind == "bool":  # a switch: JSON true/false, or 0/1 like the numeric settings
+            if name == "drift_script":
+                if not isinstance(value, list | tuple):
+                    raise ValueError(f"drift_script must be a list, got {value!r}")
+                value = tuple(
+                    v if isinstance(v, ScriptedDrift) else ScriptedDrift.parse(v) for v in value
+                )
+            elif kind == "bool":  # a switch: JSON true/false, or 0/1 like the numeric settings
                 if value not in (0, 1) or not isinstance(value, int):
                     raise ValueError(f"{name} must be true, false, 0 or 1, got {value!r}")
                 value = bool(value)

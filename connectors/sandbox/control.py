@@ -53,7 +53,7 @@ class SandboxControl:
         """What drift changed so far (entity, kind, key, at), oldest first."""
         return self.call("changes")
 
-    def faults(self, **values: float | None) -> dict[str, Any]:
+    def faults(self, **values: Any) -> dict[str, Any]:
         """Change runtime settings (SandboxConfig.RUNTIME): faults, and the limits and token
         lifetime too (None: no rate limit, no expand cap)."""
         return self.call("faults", values)

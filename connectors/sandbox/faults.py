@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.config import SandboxConfig, ScriptedDrift
 
 ERROR_STATUSES: dict[int, tuple[str, str]] = {
     500: ("InternalServerError", "An unexpected error occurred."),
@@ -30,6 +30,8 @@ class FaultInjector:
         self.drift_rng = random.Random(config.drift_seed)  # apart, so faults stay reproducible
         self.injected: Counter[str] = Counter()
         self._collection_requests = 0
+        self._scripted_requests: Counter[str] = Counter()  # per set, since the script was set
+        self.script_rng = random.Random(config.drift_seed)  # its own: a script replays alike
 
     def delay(self) -> float:
         c = self.config
@@ -73,3 +75,16 @@ class FaultInjector:
             self.injected["drift"] += 1
             return True
         return False
+
+    def restart_script(self) -> None:
+        """A new `drift_script` counts each set's requests from here."""
+        self._scripted_requests.clear()
+        self.script_rng = random.Random(self.config.drift_seed)
+
+    def scripted(self, entity: str) -> list[ScriptedDrift]:
+        """The scripted changes due before answering this collection request to `entity`."""
+        self._scripted_requests[entity] += 1
+        number = self._scripted_requests[entity]
+        due = [s for s in self.config.drift_script if s.entity == entity and s.request == number]
+        self.injected["drift"] += len(due)
+        return due

@@ -21,6 +21,7 @@ import numpy as np
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import EntitySet, Navigation
 from connectors.sandbox import columns, generator
+from connectors.sandbox.config import PLACES
 from connectors.sandbox.document_store import SAMPLE_BYTES, DocumentStore
 
 DOCUMENTS_PER_PATIENT = 0.05  # seeded documents: about one patient in twenty has one
@@ -34,9 +35,6 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     if isinstance(value, str):
         return (1, value)
     return (2, repr(value))
-
-
-PLACES = ("before", "between", "after")  # where a drift insert's key lands in key order
 
 
 @dataclass(frozen=True)
@@ -249,10 +247,12 @@ class Store:
         updates: int = 1,
         deletes: int = 1,
         rng: random.Random,
+        place: str | None = None,
     ) -> None:
         """A change between two page requests of one set, the worst the spec allows: hard
         deletes, inserts whose keys land before, between or after the keys a reader has
-        passed, and updates that move the set's change cursor. Logged in `changes`."""
+        passed (`place`; None: anywhere), and updates that move the set's change cursor.
+        Logged in `changes`."""
         table = self.tables[entity.name]
         before = self.now
         self.now = before + timedelta(seconds=1)
@@ -264,7 +264,7 @@ class Store:
                 for name, kind, other in self._keep_references(entity, [key]):
                     self.changes.append(Change(name, kind, other, self.now))
         for _ in range(inserts):
-            key = _free_key(table, rng.choice(PLACES), rng)
+            key = _free_key(table, place or rng.choice(PLACES), rng)
             if key is None:
                 continue
             self._insert(table, 1, before, key=key)
