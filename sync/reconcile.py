@@ -9,11 +9,18 @@ are found at the cost of a few requests:
    (`$orderby=<cursor> desc`). Every write after it carries a cursor at or after it.
 2. After the read, rounds that each start with one probe: `$count=true&$top=100&$orderby=
    <cursor> desc` answers, at one moment, the set's total and its newest writes. Those at or
-   after the mark are re-read into the batch (a probe whose hundred records all lie there
-   pages the rest by `<cursor> ge <mark>`), and the mark moves up to the newest. A set
-   without a cursor probes `$orderby=<key> desc`: a set of at most a hundred records comes
-   back whole and is compared key by key; a larger one has its highest hundred keys (where
-   new records get their numbers) compared.
+   after the mark that differ from the version held are re-read into the batch, and the
+   mark moves up to the newest the probe saw. A set without a cursor probes `$orderby=<key>
+   desc`: a set of at most a hundred records comes back whole and is compared key by key; a
+   larger one has its highest hundred keys (where new records get their numbers) compared.
+   **The run's last look at a set comes after every other request to it.** A probe that
+   holds every write since the mark (fewer than a hundred) is such a look. One whose hundred
+   all lie there (a date cursor: the whole day shares one value) cannot show the rest: the
+   records at or after the mark (the window) are read again (`<cursor> ge <mark>`, pages in
+   flight), and since that read is no look at one moment (a write may land on a page it
+   has passed), the probe is asked again, followed by one request that counts the window
+   and brings its lowest hundred keys: when that count equals the window's keys held and
+   nothing it shows differs, the look is complete; otherwise the window is read again.
 3. If the total differs from the keys held, the difference lies in key ranges, each asked
    as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range that disagrees is
    halved at a held key: one request counts the lower half, the upper half's count is the
@@ -28,8 +35,9 @@ are found at the cost of a few requests:
    halved: a delete is searched for among a few hundred records, not the whole set. A key
    missing from its cell is asked for by key before it counts as deleted: it may have moved
    to another parent unseen (a set without `updated_at`), and is then taken as it is now.
-4. Rounds repeat until a probe agrees with the keys held or the budget is spent. What is
-   left is reported (`residual`), never silent.
+4. Rounds repeat until a complete look agrees with the keys held or the budget is spent.
+   What is left is reported (`residual`, and `stale` for a window the budget left
+   unverified), never silent.
 5. Children whose parent was deleted before its page come with no parent's page. They
    share that parent's reference, so `find_children` halves ranges of the reference
    instead of the key, and finds all of one parent's children in one search.
@@ -38,14 +46,19 @@ are found at the cost of a few requests:
    ranges showed fewer, ranges that agree are halved too, in breadth, until they are found
    or a bounded search is spent; what is not found is reported (`unconfirmed`).
 
-Exact for a set whose records carry `updated_at`. With `created_at` only, or no cursor, an
-update of a record already read cannot be seen, and a range count cannot tell an insert
-from a delete in the same range: `blind` says so, and README.md ("How a sync spends its
-requests") tells operators.
+Exact for a set whose records carry `updated_at` as a date-time. A date (Claims) is one
+value for a whole day: a second write on the same day to a record, landing on a page the
+window's last read had passed, changes no count and waits for the next run (which reads
+that day again). With `created_at` only, or no cursor, an update of a record already read
+cannot be seen, and a range count cannot tell an insert from a delete in the same range.
+A text field without a stated format orders as text, not in time: it is no change cursor
+(`EntitySet.change_cursor`). `blind` says what each set cannot see, and README.md ("How a
+sync spends its requests") tells operators.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from bisect import bisect_left, bisect_right
@@ -114,17 +127,18 @@ class Reconciliation:
     rounds: int = 0  # probes of the set's total
     requests: int = 0  # requests spent reconciling, the change mark's included
     residual: int = 0  # records by which the total still differed when the budget ran out
+    stale: int = 0  # written since the mark and not re-read when the budget ran out (at least)
     unconfirmed: int = 0  # records expected from counts before the read that no range showed
     blind: str = ""  # what this set's reconciliation cannot see
 
     @property
     def exact(self) -> bool:
-        return self.residual == 0 and self.unconfirmed == 0
+        return self.unreconciled == 0
 
     @property
     def unreconciled(self) -> int:
         """Records by which the set may differ from the source after the run."""
-        return self.residual + self.unconfirmed
+        return self.residual + self.stale + self.unconfirmed
 
     @property
     def reconciled(self) -> int:
@@ -140,6 +154,11 @@ class Reconciliation:
 
 
 def _blind(entity: EntitySet) -> str:
+    if entity.sees_updates and entity.field("updated_at").type is Edm.DATE:
+        return (
+            "updated_at is a date: a second write on the same day to a record, landing on a "
+            "page the last read of that day had passed, is seen by the next run"
+        )
     if entity.sees_updates:
         return ""
     if entity.change_cursor:
@@ -184,7 +203,10 @@ class Reconciler:
         self.gone: set[Any] = set()
         self.unkeyed = 0  # records without a usable key: counted by the source, not rangeable
         self.mark: tuple[str, datetime] | None = None  # (as sent, as an instant)
-        self.began: datetime | None = None
+        # The window: held keys whose version held was written at or after the mark, each
+        # with that version's instant and fingerprint (a probe's record differs or not).
+        self.window: dict[Any, tuple[datetime, int]] = {}
+        self.window_read = False  # the window was read again since the read
         self.total: int | None = None  # the source's count at the last probe
         self.started_total: int | None = None  # its count when the read began
         self.ceiling = datetime.now(UTC) + FUTURE
@@ -192,6 +214,8 @@ class Reconciler:
         self.partition = partition_of(entity)
         self.parents: dict[Any, Any] = {}  # key -> its reference into the partition, as sent
         self.suspects: list[Any] = []  # keys missing from their parent's cell: gone, or moved
+        self.probed: list[dict] = []  # the last probe's answer: the mark moves to its newest
+        self.unverified = 0  # the window's count less its keys held, at its last count
 
     # -- the three calls ----------------------------------------------------------------------
 
@@ -214,7 +238,6 @@ class Reconciler:
         envelope = self._page(query)
         self.started_total = int(envelope[COUNT])
         self._move_mark(envelope["value"])
-        self.began = self.mark[1] if self.mark else None
 
     def read(self, records: list[dict]) -> None:
         for record in records:
@@ -223,7 +246,7 @@ class Reconciler:
                 self.unkeyed += 1
             else:
                 self.held.add(key)
-        self._note_parents(records)
+        self._note(records)
 
     def finish(self, budget: int | None = None, *, expected_new: int = 0) -> Reconciliation:
         """Probe, and chase differences through key ranges, until the total agrees or
@@ -237,9 +260,25 @@ class Reconciler:
         while True:
             result.rounds += 1
             before = (len(self.held), len(self.gone), result.caught_up)
-            self.total = self._probe()
+            self.total, complete = self._probe()
             if budget is None:
                 budget = default_budget(self.total)
+            if not complete and not (self.window_read and self._window_agrees()):
+                if result.requests >= budget:
+                    result.stale = max(1, self.unverified)
+                    result.residual = abs(self.total - (len(self.held) + self.unkeyed))
+                    log.warning(
+                        "%s: more was written since the run's mark than one request shows, "
+                        "and the budget (%d requests) ran out before it could be read again: "
+                        "at least %d records may be stale; the next run reads them",
+                        self.entity.name,
+                        budget,
+                        result.stale,
+                    )
+                    break
+                self._catch_up()
+                continue  # requests followed the probe: the last look is yet to come
+            self._move_mark(self.probed)
             difference = self.total - (len(self.held) + self.unkeyed)
             short = expected_new - (result.inserted - inserted_before)
             if difference == 0 and short > 0 and not searched and result.requests < budget:
@@ -298,8 +337,10 @@ class Reconciler:
 
     # -- probes -------------------------------------------------------------------------------
 
-    def _probe(self) -> int:
-        """One request: the source's total now, and its writes since the mark re-read."""
+    def _probe(self) -> tuple[int, bool]:
+        """One request: the source's total now, and its writes since the mark; those that
+        differ from the version held are re-read. True when the answer holds every write
+        since the mark (then it is a complete look at one moment)."""
         if self.cursor is None:
             query = Query(self.entity, orderby=[(self.key, True)], top=PAGE_SIZE, count=True)
             envelope = self._page(query)
@@ -312,7 +353,7 @@ class Reconciler:
                 # records puts new ones: inserts there, and deletes among them, are settled
                 # here instead of by halving key ranges.
                 self._settle(sorted(k for k in self.held if k >= lowest), newest)
-            return total
+            return total, True
         query = Query(
             self.entity,
             orderby=[(self.cursor, True), (self.key, False)],
@@ -320,14 +361,43 @@ class Reconciler:
             count=True,
         )
         envelope = self._page(query)
-        newest = envelope["value"]
-        written = [r for r in newest if self._since_mark(r)]
-        if len(written) >= PAGE_SIZE and self.mark is not None:
-            since = Comparison(self.cursor, "ge", self.mark[0])
-            written = list(self._all(Query(self.entity, filter=since)))
-        self._reread(written)
-        self._move_mark(newest + written)
-        return int(envelope[COUNT])
+        newest = self.probed = envelope["value"]
+        self._reread([r for r in newest if self._since_mark(r)])
+        complete = len(newest) < PAGE_SIZE or self.mark is None
+        return int(envelope[COUNT]), complete or not self._in_window(newest[-1])
+
+    def _window_agrees(self) -> bool:
+        """One request: how many records lie at or after the mark now, and the lowest
+        hundred keys of them. True when that count equals the window's keys held and none
+        of those shown differs from the version held."""
+        assert self.mark is not None
+        query = Query(
+            self.entity,
+            filter=Comparison(self.cursor, "ge", self.mark[0]),  # type: ignore[arg-type]
+            orderby=[(self.key, False)],
+            top=PAGE_SIZE,
+            count=True,
+        )
+        envelope = self._page(query)
+        changed = self._reread(envelope["value"])
+        held = sum(1 for k, (moment, _) in self.window.items() if k in self.held)
+        self.unverified = abs(int(envelope[COUNT]) - held)
+        return not changed and self.unverified == 0
+
+    def _catch_up(self) -> None:
+        """The window read again (`<cursor> ge <mark>`, pages in flight): what differs is
+        re-read. A held key of the window the read did not bring is asked for by key (its
+        cursor only moves up, so it was deleted, unless the service says otherwise). Then
+        the mark moves to the newest the probe saw: every later write sorts at or after it."""
+        assert self.mark is not None and self.cursor is not None
+        since = Comparison(self.cursor, "ge", self.mark[0])
+        records = list(self._all(Query(self.entity, filter=since)))
+        self._reread(records)
+        there = {self._key(r) for r in records}
+        self.suspects.extend(k for k in self.window if k in self.held and k not in there)
+        self._confirm()
+        self.window_read = True
+        self._move_mark(self.probed)
 
     def _since_mark(self, record: dict) -> bool:
         if self.mark is None:
@@ -335,8 +405,13 @@ class Reconciler:
         moment = _moment(self.entity, record.get(self.cursor))
         return moment is None or moment >= self.mark[1]
 
+    def _in_window(self, record: dict) -> bool:
+        moment = _moment(self.entity, record.get(self.cursor))
+        return self.mark is not None and moment is not None and moment >= self.mark[1]
+
     def _move_mark(self, records: list[dict]) -> None:
-        """The newest cursor value that is no sentinel from the future."""
+        """The newest cursor value that is no sentinel from the future; the window keeps
+        what lies at or after it."""
         for record in records:
             value = record.get(self.cursor)
             moment = _moment(self.entity, value)
@@ -344,22 +419,28 @@ class Reconciler:
                 continue
             if self.mark is None or moment > self.mark[1]:
                 self.mark = (value, moment)
+        if self.mark is not None:
+            mark = self.mark[1]
+            self.window = {k: v for k, v in self.window.items() if v[0] >= mark}
 
-    def _reread(self, records: list[dict]) -> None:
-        """Records written since the mark: a new version of each goes into the batch."""
-        if not records:
-            return
-        for record in records:
+    def _reread(self, records: list[dict]) -> list[dict]:
+        """Records written since the mark: those whose version differs from the one held
+        (or not held at all) go into the batch; returned."""
+        changed = [r for r in records if self._differs(r)]
+        for record in changed:
             key = self._key(record)
-            moment = _moment(self.entity, record.get(self.cursor))
-            if key is None:
-                continue
-            if key not in self.held or (self.began and moment and moment > self.began):
-                self.result.caught_up += 1
             self.held.add(key)
             self.gone.discard(key)
-        self._note_parents(records)
-        self.take(records)
+        self.result.caught_up += len(changed)
+        self._give(changed)
+        return changed
+
+    def _differs(self, record: dict) -> bool:
+        key = self._key(record)
+        if key is None:  # nothing to compare by: normalise rejects it, as the read did
+            return False
+        held = self.window.get(key) if key in self.held else None
+        return held is None or held[1] != _fingerprint(record)
 
     # -- children of a parent deleted before its page ---------------------------------------
 
@@ -514,9 +595,7 @@ class Reconciler:
         self.held.difference_update(self.gone)
         self.gone.difference_update(self._key(record) for record in moved)
         self.result.deleted = len(self.gone)
-        self._note_parents(moved)
-        if moved:
-            self.take(moved)
+        self._give(moved)
 
     def _cells(self, whole: Span) -> list[Span] | None:
         """The set counted per parent in its small partitioning set, in one request
@@ -644,17 +723,28 @@ class Reconciler:
         self.held.update(there)
         self.result.deleted = len(self.gone)
         self.result.inserted += len(new)
-        self._note_parents(records)
+        self._give(records)
+
+    def _give(self, records: list[dict]) -> None:
+        """Records re-read, to be written with the batch."""
+        self._note(records)
         if records:
             self.take(records)
 
-    def _note_parents(self, records: list[dict]) -> None:
-        if self.partition is None:
-            return
-        remote = self.partition[1].remote
+    def _note(self, records: list[dict]) -> None:
+        """What the records tell of the keys held: the version of those in the window, the
+        parent of each where the set has a partition."""
         for record in records:
-            if (key := self._key(record)) is not None:
-                self.parents[key] = record.get(remote)
+            if (key := self._key(record)) is None:
+                continue
+            if self.cursor is not None:
+                moment = _moment(self.entity, record.get(self.cursor))
+                if moment is not None and (self.mark is None or moment >= self.mark[1]):
+                    self.window[key] = (moment, _fingerprint(record))
+                else:
+                    self.window.pop(key, None)
+            if self.partition is not None:
+                self.parents[key] = record.get(self.partition[1].remote)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -675,6 +765,12 @@ class Reconciler:
 
     def _key(self, record: dict) -> Any:
         return entity_key(self.entity, record.get(self.key))
+
+
+def _fingerprint(record: dict) -> int:
+    """One version of a record, to tell it from another (annotations aside)."""
+    fields = {k: v for k, v in record.items() if not k.startswith("@")}
+    return hash(json.dumps(fields, sort_keys=True, default=str))
 
 
 def _split(refs: list[Any], i: int, j: int) -> int | None:

@@ -155,8 +155,18 @@ class EntitySet:
     @cached_property
     def change_cursor(self) -> str | None:
         """The field a write moves, which reconciliation re-reads by: `updated_at` shows
-        inserts and updates, `created_at` inserts only; a set with neither shows neither."""
-        return next((name for name in CHANGE_CURSORS if name in self.by_name), None)
+        inserts and updates, `created_at` inserts only; a set with neither shows neither.
+        Only a date or a date-time: the service orders a string as text, and a string whose
+        format the spec does not state (Prescriptions.created_at: date-only, offset-less or
+        with any offset) does not order in time, so `ge <mark>` would pass over new writes."""
+        return next(
+            (
+                name
+                for name in CHANGE_CURSORS
+                if name in self.by_name and self.by_name[name].type in TIME_TYPES
+            ),
+            None,
+        )
 
     @property
     def sees_updates(self) -> bool:
@@ -165,6 +175,7 @@ class EntitySet:
 
 NAMESPACE = "ClinicalRecords"
 CHANGE_CURSORS = ("updated_at", "created_at")  # most telling first
+TIME_TYPES = frozenset({Edm.DATE, Edm.DATETIME})  # what the service orders in time
 
 STRING, NUMBER, DECIMAL, BOOLEAN, DATE, DATETIME = (
     Edm.STRING,

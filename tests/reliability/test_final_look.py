@@ -1,0 +1,86 @@
+"""Case 6b, the silent misses of issue 29: a full sync whose reconciliation reads again
+what was written while the set was read (Claims: `updated_at` is a date, and today's claims
+span several pages), while the source keeps changing. Under 5% server errors, 4 s tokens and
+several requests in flight, the run ends equal to the source and its checks pass; before,
+an insert whose key sorts below every key and a claim whose date moved to today, written
+while the catch-up's later pages were in flight, were missed with every check green.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from connectors.clinical_records.catalogue import CLAIMS, PRESCRIPTIONS
+from connectors.sandbox.server import SandboxServer
+from tests.reliability.conftest import SIZE, Ledger, Target, sandbox_config
+from tests.reliability.test_drift import assert_equal_to_source, drifted, modes_of, record_run
+
+pytestmark = pytest.mark.reliability
+
+FAULTS = {"error_rate": 0.05, "token_lifetime": 4}
+FAMILY = ["Prescriptions", "Claims", "InsuranceVerifications"]  # Claims read in its family
+SCALE = 0.5 / SIZE  # sandbox_config grows it back under `make soak`: about 1,500 claims
+
+
+def a_day_of_claims(server: SandboxServer) -> None:
+    """A third of every set written in the last hour: today's claims span five pages."""
+    server.store.advance(seconds=3600, insert_fraction=0, update_fraction=0.3, delete_fraction=0)
+
+
+def catch_up_request(server: SandboxServer) -> int:
+    """Among the requests served to Claims, the number of the first that reads its window
+    again: `updated_at ge <mark>`, counted, from its first key (the catch-up's first page)."""
+    claims = [options for name, options in server.sandbox.served if name == CLAIMS.name]
+    for number, options in enumerate(claims, start=1):
+        if options.get("$filter", "").startswith("updated_at ge") and "$count" in options:
+            return number
+    raise AssertionError("the sync read no window of Claims again: no catch-up to aim at")
+
+
+def check_run(target: Target, report, ledger: Ledger, since: int) -> None:
+    record_run(ledger, report, len(target.server.store.changes) - since)
+    assert_equal_to_source(
+        target, ledger, moved=drifted(target.server, since), modes=modes_of(report)
+    )
+    failed = [c for c in report.checks if not c.passed and c.severity == "ERROR"]
+    assert not failed, failed
+    assert all(f["reconcile_residual"] == 0 for f in report.entities.values())
+
+
+def test_changes_aimed_at_the_catch_up_in_flight_are_seen(tmp_path, ledger):
+    """The trace of issue 29, aimed: a twin sandbox shows at which request to Claims its
+    window is read again; in the run that counts, the source inserts a claim below every
+    key and moves another claim's date to today while that read's fourth page is in flight."""
+    config = dict(seed=61, scale=SCALE, fault_seed=3, **FAULTS)
+    with SandboxServer(sandbox_config(**config)) as twin:
+        a_day_of_claims(twin)
+        Target(twin, tmp_path / "twin").sync_in_process(full=True, only=FAMILY)
+        fourth_page = catch_up_request(twin) + 3
+    script = [{"entity": "Claims", "request": fourth_page, "inserts": 1, "updates": 1}]
+    with SandboxServer(sandbox_config(**config)) as server:
+        a_day_of_claims(server)
+        server.configure(drift_script=[{**script[0], "place": "before"}])
+        target = Target(server, tmp_path / "target")
+        report = target.sync_in_process(full=True, only=FAMILY)
+        changes = server.store.changes
+        assert [c.kind for c in changes] == ["insert", "update"], changes
+        assert changes[0].key < min(k for k in server.store.table("Claims").keys if k > 0)
+        check_run(target, report, ledger, 0)
+        ledger.add_faults(server.control().stats())
+
+
+@pytest.mark.parametrize("seed", range(1, 6 if SIZE == 1 else 11))
+def test_a_full_sync_under_drift_every_nine_requests_misses_nothing(seed, tmp_path, ledger):
+    """The same family, a change every 9 collection requests to the set being read (an
+    insert anywhere in key order, an update, a delete), seeds apart."""
+    config = sandbox_config(
+        seed=61 + seed, scale=SCALE, fault_seed=seed, drift_seed=seed, drift_every=9, **FAULTS
+    )
+    with SandboxServer(config) as server:
+        a_day_of_claims(server)
+        target = Target(server, tmp_path / "target")
+        report = target.sync_in_process(full=True, only=FAMILY)
+        assert report.entities[CLAIMS.name]["reconcile_rounds"] >= 2, "no catch-up to test"
+        check_run(target, report, ledger, 0)
+        assert PRESCRIPTIONS.name in report.entities
+        ledger.add_faults(server.control().stats())
