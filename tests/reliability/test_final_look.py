@@ -47,21 +47,23 @@ def check_run(target: Target, report, ledger: Ledger, since: int) -> None:
     assert all(f["reconcile_residual"] == 0 for f in report.entities.values())
 
 
-def test_changes_aimed_at_the_catch_up_in_flight_are_seen(tmp_path, ledger):
+@pytest.mark.parametrize("only", [FAMILY, ["Claims"]], ids=["in its family", "alone"])
+def test_changes_aimed_at_the_catch_up_in_flight_are_seen(only, tmp_path, ledger):
     """The trace of issue 29, aimed: a twin sandbox shows at which request to Claims its
     window is read again; in the run that counts, the source inserts a claim below every
-    key and moves another claim's date to today while that read's fourth page is in flight."""
+    key and moves another claim's date to today while that read's fourth page is in flight.
+    Claims in its family's packed read (its rider), and read alone (sync/extract.py)."""
     config = dict(seed=61, scale=SCALE, fault_seed=3, **FAULTS)
     with SandboxServer(sandbox_config(**config)) as twin:
         a_day_of_claims(twin)
-        Target(twin, tmp_path / "twin").sync_in_process(full=True, only=FAMILY)
+        Target(twin, tmp_path / "twin").sync_in_process(full=True, only=only)
         fourth_page = catch_up_request(twin) + 3
-    script = [{"entity": "Claims", "request": fourth_page, "inserts": 1, "updates": 1}]
+    change = {"entity": "Claims", "request": fourth_page, "inserts": 1, "updates": 1}
     with SandboxServer(sandbox_config(**config)) as server:
         a_day_of_claims(server)
-        server.configure(drift_script=[{**script[0], "place": "before"}])
+        server.configure(drift_script=[{**change, "place": "before"}])
         target = Target(server, tmp_path / "target")
-        report = target.sync_in_process(full=True, only=FAMILY)
+        report = target.sync_in_process(full=True, only=only)
         changes = server.store.changes
         assert [c.kind for c in changes] == ["insert", "update"], changes
         assert changes[0].key < min(k for k in server.store.table("Claims").keys if k > 0)
