@@ -78,7 +78,6 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode, Options, Plan, plan
-from warehouse import quality
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
 from warehouse.load import LoadResult, Warehouse
@@ -318,19 +317,19 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 staleness_hours=stale["source_staleness_hours"],
                 started_at=run_started_at(context.instance, context.run.run_id),
             )
-            results = checks.table_check_results(
+            count = checks.SourceCount.of(
                 wh.con,
                 entity,
                 run_id=extraction.run_id,
-                snapshot=extraction.snapshot,
-                source_total=extraction.source_total,
+                source=extraction.source_total,
+                stale=extraction.reconciliation.stale,
             )
+            results = checks.table_check_results(count)
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
             )
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
-            rows = quality.live_rows(wh.con, entity)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata={
@@ -341,7 +340,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 **stale,
                 "watermark": watermark or "",
                 "lake_files_written": len(extraction.files),
-                "live_rows": rows,
+                **count.figures(),
                 "table": MetadataValue.text(f"clinical.{entity.table}"),
             }
         )

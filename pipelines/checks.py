@@ -1,8 +1,8 @@
 """Data-quality checks on the clinical tables: Dagster check results over the SQL of
 `warehouse/quality.py` and `warehouse/ops.py`.
 
-The load asset runs the checks of its own table (unique keys, count against the source,
-rejects); referential integrity runs as separate checks after both tables are loaded, at
+The load asset runs the checks of its own table (unique keys, count against the source at
+the run's last look, rejects); referential integrity runs as separate checks after both tables are loaded, at
 WARN, since the source has dangling references. Freshness is Dagster's own policy on each
 table, which the instance's daemon evaluates (no sensor, no check step).
 """
@@ -52,7 +52,11 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
         AssetCheckSpec(
             MATCHES_SOURCE,
             asset=key,
-            description="After a snapshot, live rows equal the source's @odata.count",
+            description=(
+                "Live rows (and rows rejected this run) equal the source's @odata.count at the "
+                "run's last look at the set, after every other request to it; fails with the "
+                "records missing, extra, duplicated or known stale"
+            ),
         ),
         AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
         *(
@@ -112,39 +116,91 @@ def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetChe
     )
 
 
-def table_check_results(
-    con: duckdb.DuckDBPyConnection,
-    entity: EntitySet,
-    *,
-    run_id: str,
-    snapshot: bool,
-    source_total: int | None,
-) -> list[AssetCheckResult]:
-    dupes = quality.duplicate_keys(con, entity)
-    live = quality.live_rows(con, entity)
-    rejects = ops.run_rejects(con, entity.name, run_id)
-    if snapshot and source_total is not None:
-        # A rejected row is in the source's count but not in the table; ops.rejects has it.
-        count = AssetCheckResult(
+@dataclass(frozen=True)
+class SourceCount:
+    """A table after its load against the source's count at the run's last look at the set
+    (None: not counted this run, as a backfill reads a date range only). A rejected row is
+    in the source's count but not in the table; ops.rejects has it."""
+
+    source: int | None
+    live: int
+    rejected: int
+    duplicated: int
+    stale: int = 0  # written at the source after they were read, not re-read (the budget)
+
+    @classmethod
+    def of(
+        cls,
+        con: duckdb.DuckDBPyConnection,
+        entity: EntitySet,
+        *,
+        run_id: str,
+        source: int | None,
+        stale: int = 0,
+    ) -> SourceCount:
+        return cls(
+            source,
+            quality.live_rows(con, entity),
+            ops.run_rejects(con, entity.name, run_id),
+            quality.duplicate_keys(con, entity),
+            stale,
+        )
+
+    @property
+    def missing(self) -> int:
+        return 0 if self.source is None else max(0, self.source - self.live - self.rejected)
+
+    @property
+    def extra(self) -> int:
+        return 0 if self.source is None else max(0, self.live + self.rejected - self.source)
+
+    def figures(self) -> dict[str, int]:
+        """As the run's metadata and the check's name them (-1: no count this run)."""
+        return {
+            "source_count": -1 if self.source is None else self.source,
+            "live_rows": self.live,
+            "rejected": self.rejected,
+            "missing": self.missing,
+            "extra": self.extra,
+            "duplicated": self.duplicated,
+            "stale": self.stale,
+        }
+
+
+def table_check_results(count: SourceCount) -> list[AssetCheckResult]:
+    """Unique keys, the count against the source (ERROR: it fails whenever they disagree)
+    and rejects (WARN)."""
+    if count.source is None:
+        matches = AssetCheckResult(
             check_name=MATCHES_SOURCE,
-            passed=live + rejects == source_total,
-            metadata={"live_rows": live, "rejected": rejects, "source_count": source_total},
+            passed=count.duplicated == 0,
+            description="no count of the source this run: compared at the next one",
+            metadata=count.figures(),
         )
     else:
-        count = AssetCheckResult(
+        wrong = count.missing + count.extra + count.duplicated + count.stale
+        matches = AssetCheckResult(
             check_name=MATCHES_SOURCE,
-            passed=True,
-            description="no snapshot this run: compared at the next one",
-            metadata={"live_rows": live},
+            passed=wrong == 0,
+            description=(
+                f"{count.live} live + {count.rejected} rejected against {count.source} at the "
+                f"source: {count.missing} missing, {count.extra} extra, {count.duplicated} "
+                f"duplicated, {count.stale} stale"
+            ),
+            metadata=count.figures(),
         )
     return [
-        AssetCheckResult(check_name=UNIQUE_KEYS, passed=dupes == 0, metadata={"duplicates": dupes}),
-        count,
+        AssetCheckResult(
+            check_name=UNIQUE_KEYS,
+            passed=count.duplicated == 0,
+            metadata={"duplicates": count.duplicated},
+        ),
+        matches,
         AssetCheckResult(
             check_name=REJECTS,
-            passed=rejects == 0,
+            passed=count.rejected == 0,
             severity=AssetCheckSeverity.WARN,
-            metadata={"rejected": rejects},
+            metadata={"rejected": count.rejected},
         ),
     ]
 

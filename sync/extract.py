@@ -73,7 +73,7 @@ class Extraction:
     files: list[str] = field(default_factory=list)
     fetched: int = 0
     rejected: int = 0
-    source_total: int | None = None
+    source_total: int | None = None  # the set's count at the run's last look at it
     watermark: str | None = None  # to commit with the load; None leaves the stored one
     stats: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -251,8 +251,6 @@ def extract(
             if within:
                 within.read(page.records)
             result.fetched += len(page.records)
-            if result.source_total is None:
-                result.source_total = page.total
             progress.page(entity.name, len(page.records), page.total)
     if key_range is not None and reconciler:
         reconciler.forget(key_range.gone())  # held in the range, not in it now: deleted

@@ -127,8 +127,11 @@ def test_full_then_nightly_then_snapshot_equal_the_source(mid_sandbox, tmp_path)
     assert sum(c["deleted"] for c in changes.values()) > 0
 
     nightly = target.sync()
+    outcomes = {(c.table, c.name): c for c in nightly.checks}
     for ent in ENTITY_SETS:  # exact every run: updates and hard deletes of every set
         assert_equal_to_truth(target, ent)
+        count = outcomes[(ent.table, "row_count_matches_source")]  # increments compared too
+        assert count.passed and count.metadata["source_count"] == len(target.truth(ent))
     # The sets without updated_at are read whole, their children riding in their pages.
     assert nightly.entities["InsuranceVerifications"]["mode"] == "snapshot"
     assert nightly.entities["Claims"]["mode"] == "incremental"
