@@ -68,6 +68,7 @@ from sync.budget import (
 )
 from sync.extract import Extraction
 from sync.packed import extract_family
+from sync.phase import Phase, enter
 from sync.progress import current
 from sync.reconcile import Reconciliation
 from sync.riders import SetInput
@@ -296,6 +297,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             wh.ensure_schema()
             wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
+            enter(Phase.LOAD, entity.name)
             if extraction.mode != "skip":
                 result = wh.load(
                     entity,
@@ -364,6 +366,7 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
 
     @multi_asset(specs=specs, name="analytics_models", pool=WAREHOUSE_POOL, can_subset=True)
     def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
+        enter(Phase.LOAD, ANALYTICS)
         with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.refresh_models()
@@ -397,6 +400,7 @@ def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> Asse
         ),
     )
     def published_warehouse(context, warehouse: WarehouseResource) -> MaterializeResult:
+        enter(Phase.PUBLISH)
         done = publish(warehouse.working(), warehouse.path, wait=LOCK_WAIT_SECONDS)
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         return MaterializeResult(

@@ -21,6 +21,7 @@ from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.paging import entity_key
 from connectors.clinical_records.query import Expr, Query, between
+from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
 from sync.strategy import Mode, Plan, watermark_of
@@ -146,6 +147,7 @@ class BatchWriter:
         self.rejects.extend(batch.rejects)
 
     def _write(self, *, final: bool) -> None:
+        enter(Phase.LAKE, self.entity.name)
         path = self.lake.write(
             self.entity,
             pa.concat_tables(self.tables or [arrow_schema(self.entity).empty_table()]),
@@ -230,6 +232,7 @@ def extract(
     if plan.mode is Mode.SKIP:
         return result
     started = time.monotonic()
+    enter(Phase.EXTRACT, entity.name)
     writer = BatchWriter(lake, plan, run_id, previous_watermark)
     reconciler = None
     if plan.moves_watermark:  # a backfill reads a date range, not the set

@@ -42,6 +42,7 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
 from connectors.clinical_records.query import Expand, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, extract, fill
+from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler
 from sync.riders import Rider, SetInput, complete
@@ -151,6 +152,7 @@ def _packed_read(
     """The root read whole (or its keys only, to carry its children), children unpacked."""
     started = time.monotonic()
     carrier = root.name if root_input is not None else riding[0].name  # who pays the read
+    enter(Phase.EXTRACT, carrier)
     root_writer = root_reconciler = None
     if root_input is not None:
         root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)

@@ -73,6 +73,7 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import ApiError
 from connectors.clinical_records.paging import COUNT, canonical, entity_key, record_key
 from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of, between
+from sync.phase import Phase, enter
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,7 @@ class Reconciler:
         `budget` requests are spent (default: `default_budget` of the source's total).
         `expected_new`: records the source held before the read that no read brought (the
         caller's counts say so); the ranges are searched for them even where the total agrees."""
+        enter(Phase.RECONCILE, self.entity.name)
         result = self.result
         fruitless = 0  # narrowings in a row that found nothing (drift moved the counts?)
         inserted_before = result.inserted  # a caller's own search (find_children) came first

@@ -22,6 +22,7 @@ from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.paging import canonical, entity_key
 from connectors.clinical_records.query import F, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
+from sync.phase import Phase, enter
 from sync.reconcile import Reconciler, Reconciliation, held_key
 from sync.strategy import Mode, Plan
 
@@ -95,6 +96,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     """Everything the parents' pages did not bring, then the rider's batch."""
     plan = rider.input.plan
     entity = rider.entity
+    enter(Phase.EXTRACT, entity.name)
     result = Extraction(entity.name, plan.mode.value, plan.reason, rider.writer.run_id)
     if entity is DOCUMENTS:
         rider.take(rider.arrived)

@@ -185,9 +185,12 @@ class Store:
         return {name: len(t) for name, t in self.tables.items()}
 
     def ground_truth(self) -> dict[str, list[dict]]:
-        """Every current record of every set (and the document metadata), as served."""
+        """Every current record of every set (and the document metadata), as served: the
+        documents of a patient deleted (hard, as drift and `advance` do) are not, since the
+        API reaches them only through their patient (404 for it)."""
         truth = {name: [dict(r) for r in t.rows] for name, t in self.tables.items()}
-        truth[cat.DOCUMENTS.name] = self.documents.all()
+        patients = self.tables[cat.PATIENTS.name].by_key
+        truth[cat.DOCUMENTS.name] = [d for d in self.documents.all() if d["patient_id"] in patients]
         return truth
 
     # -- changing ---------------------------------------------------------------------------

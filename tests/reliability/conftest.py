@@ -19,7 +19,14 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.clinical_records.catalogue import ALL_ENTITIES, ENTITY_SETS, EntitySet, Strategy
+from connectors.clinical_records.catalogue import (
+    ALL_ENTITIES,
+    DOCUMENTS,
+    ENTITY_SETS,
+    PATIENTS,
+    EntitySet,
+    Strategy,
+)
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport
@@ -51,9 +58,11 @@ class Ledger:
 
     faults: Counter[str] = field(default_factory=Counter)
     crashes_survived: int = 0
+    kills: Counter[str] = field(default_factory=Counter)  # by the phase the run was in
     bad_rows_rejected: int = 0
     records_compared: int = 0
     mismatches: int = 0
+    differences: Counter[str] = field(default_factory=Counter)  # records missing, stale, ...
     secrets_found: int = 0
     changes_during_runs: int = 0  # what drift changed at the source while runs read it
     reconciled: int = 0  # records the runs' reconciliation re-read or found deleted
@@ -72,18 +81,27 @@ class Ledger:
             ("size factor", f"{SIZE}x"),
             ("cases run", f"{self.cases}"),
             ("faults injected", f"{sum(self.faults.values()):,} ({kinds})"),
-            ("crashes survived (SIGKILL)", f"{self.crashes_survived}"),
+            ("crashes survived (SIGKILL)", f"{self.crashes_survived}{self._by_phase()}"),
             ("bad rows rejected", f"{self.bad_rows_rejected}"),
             ("records compared", f"{self.records_compared:,}"),
             (
                 "changed during runs, reconciled",
                 f"{self.changes_during_runs:,}, {self.reconciled:,}",
             ),
+            (
+                "missing, extra, stale, duplicated (must be 0)",
+                ", ".join(str(self.differences[k]) for k in DIFFERENCES),
+            ),
             ("mismatches (must be 0)", f"{self.mismatches}"),
             ("secrets found (must be 0)", f"{self.secrets_found}"),
         ]
 
+    def _by_phase(self) -> str:
+        phases = ", ".join(f"{k} {v}" for k, v in sorted(self.kills.items()))
+        return f" (killed while: {phases})" if phases else ""
 
+
+DIFFERENCES = ("missing", "extra", "stale", "duplicated")  # against the truth, per record
 LEDGER = Ledger()
 
 
@@ -243,15 +261,18 @@ class Comparison:
 
     compared: int = 0
     problems: list[str] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)  # records, by DIFFERENCES kind
 
     def add(self, entity: EntitySet, kind: str, keys: Sequence[object]) -> None:
         if keys:
+            self.counts[kind] += len(keys)
             shown = ", ".join(repr(k) for k in list(keys)[:3])
             self.problems.append(f"{entity.name}: {len(keys)} {kind} (e.g. {shown})")
 
     def record(self, ledger: Ledger) -> None:
         ledger.records_compared += self.compared
         ledger.mismatches += len(self.problems)
+        ledger.differences.update(self.counts)
 
     def __bool__(self) -> bool:
         return not self.problems
@@ -285,15 +306,15 @@ def compare(
         want = canonical(entity, source[entity.name])
         have = live(target, entity)
         found.compared += len(want)
-        found.add(entity, "duplicated keys", ["*"] * duplicates(target, entity))
+        found.add(entity, "duplicated", ["*"] * duplicates(target, entity))
         promised = PROMISES[Strategy.SNAPSHOT if exact else entity.strategy]
         if "missing" in promised:
             found.add(entity, "missing", sorted(want.keys() - have.keys(), key=str))
         if "extra" in promised:
-            found.add(entity, "extra (not deleted)", sorted(have.keys() - want.keys(), key=str))
+            found.add(entity, "extra", sorted(have.keys() - want.keys(), key=str))
         if "values" in promised:
             differing = [k for k in want if k in have and want[k] != have[k]]
-            found.add(entity, "differing", differing)
+            found.add(entity, "stale", differing)
     return found
 
 
@@ -319,3 +340,81 @@ def assert_lake_sound(target: Target) -> None:
     assert len(loaded) == len({f for _, f in loaded}), "a file was loaded twice"
     assert {b for b, _ in loaded} <= set(batch_ids), "a loaded batch is not a lake file"
     assert not any("_tmp" in f for _, f in loaded)
+
+
+# -- the comparison with a drifting source ---------------------------------------------------
+
+
+def drifted(server: SandboxServer, since: int) -> dict[str, set[str]]:
+    """Per set, the keys (as text) drift changed since change number `since`."""
+    keys: dict[str, set[str]] = {e.name: set() for e in ALL_ENTITIES}
+    for change in server.control().changes()[since:]:
+        keys[change["entity"]].add(str(change["key"]))
+    return keys
+
+
+def assert_equal_to_source(
+    target: Target,
+    ledger: Ledger,
+    *,
+    moved: dict[str, set[str]],
+    modes: dict[str, str],
+) -> None:
+    """Live rows equal the source now: no key missing, extra or held twice, no value stale.
+    A set the run skipped is not compared; a set read by `created_at` increments is
+    compared by key (an update waits for its snapshot: README, "How a sync spends its
+    requests")."""
+    source = truth(target.server)
+    found = Comparison()
+    for entity in ALL_ENTITIES:
+        mode = modes.get(entity.name, "skip")
+        if mode == "skip":
+            continue
+        want, have = canonical(entity, source[entity.name]), live(target, entity)
+        found.compared += len(want)
+        allowed = set() if entity.sees_updates else moved[entity.name]
+        if entity is DOCUMENTS:  # and those of a patient drift changed while it was read
+            patients = moved[PATIENTS.name]
+            allowed = allowed | {
+                str(d["id"]) for d in source[entity.name] if str(d["patient_id"]) in patients
+            }
+            allowed |= {
+                str(k)
+                for k, row in live(target, entity).items()
+                if str(row["patient_id"]) in patients
+            }
+        wrong = {
+            "missing": want.keys() - have.keys(),
+            "extra": have.keys() - want.keys(),
+            "stale": set()
+            if mode == "incremental" and entity.strategy is Strategy.CREATED
+            else {k for k in want.keys() & have.keys() if want[k] != have[k]},
+        }
+        for kind, keys in wrong.items():
+            found.add(entity, kind, sorted((k for k in keys if str(k) not in allowed), key=str))
+        found.add(entity, "duplicated", ["*"] * duplicates(target, entity))
+    assert_matches(found, ledger)
+
+
+def assert_reconciled(target: Target) -> None:
+    """The last run's reconciliation left no difference it could not place."""
+    ((left,),) = target.query(
+        'SELECT "unreconciled" FROM "ops"."sync_runs" ORDER BY "started_at" DESC LIMIT 1'
+    )
+    assert left == 0
+
+
+def record_run(ledger: Ledger, report, changes: int) -> None:
+    ledger.changes_during_runs += changes
+    ledger.reconciled += sum(int(f.get("reconciled", 0)) for f in report.entities.values())
+
+
+def modes_of(report) -> dict[str, str]:
+    return {name: str(figures["mode"]) for name, figures in report.entities.items()}
+
+
+def summary_modes(stdout: str) -> dict[str, str]:
+    """Per entity set, its mode, from the `clinical-sync sync` summary table's rows."""
+    names = {e.name for e in ALL_ENTITIES}
+    rows = [line.split() for line in stdout.splitlines()]
+    return {row[0]: row[1] for row in rows if row[:1] and row[0] in names}

@@ -1,12 +1,21 @@
-"""Case 2: `clinical-sync sync` killed with SIGKILL while it fetches, while it writes Parquet
-and inside the DuckDB load, several times in a row; then a run to completion."""
+"""Case 2: `clinical-sync sync` killed with SIGKILL in every phase of a run (reading a set,
+reconciling it, writing a lake file, loading a table, publishing), then resumed.
+
+The run says where it is (`CLINICAL_PHASE_FILE`, sync/phase.py): a kill is aimed at the
+k-th phase of a kind the run enters, k and a delay within the phase drawn per seed, so
+the kills land in every phase and at many moments of each. A still source: after a series
+of kills, one run to completion equals it, no watermark ever passes an unloaded row. A
+drifting source under faults (issue 29: drift every few requests, 5% errors, 4 s tokens):
+each kill is followed by a run to completion that must equal the source as it stands when
+it ends; `make soak` runs at least 30 such cycles across seeds and phases.
+"""
 
 from __future__ import annotations
 
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -14,62 +23,84 @@ import pytest
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, EntitySet
 from connectors.sandbox.server import SandboxServer
+from sync.phase import PHASE_FILE, Phase
 from sync.strategy import parse_watermark
 from tests.reliability.conftest import (
     SIZE,
+    SYNC_TIMEOUT,
     Target,
+    assert_equal_to_source,
     assert_lake_sound,
     assert_matches,
+    assert_reconciled,
     canonical,
     compare,
+    drifted,
     sandbox_config,
+    summary_modes,
     truth,
 )
-from warehouse.publish import working_path
 
 pytestmark = pytest.mark.reliability
 
 POLL = 0.002
-
-
-def fetching(target: Target) -> bool:
-    """The limiter's bucket file exists once the first request is on its way."""
-    return (target.root / "ratelimit.sqlite").exists()
-
-
-def writing_parquet(target: Target) -> bool:
-    """A batch is being written under `_tmp/` (or the first one has just landed)."""
-    tmp = target.lake / "_tmp"
-    return (tmp.exists() and any(tmp.iterdir())) or any(target.lake.glob("entity=*/*/*.parquet"))
-
-
-def loading(target: Target) -> bool:
-    """DuckDB's write-ahead log (of the working copy) exists while a load transaction writes."""
-    return Path(f"{working_path(target.warehouse)}.wal").exists()
-
-
-# Phase -> (what shows it has begun, the longest random delay before the kill, in seconds).
-PHASES: dict[str, tuple[Callable[[Target], bool], float]] = {
-    "fetch": (fetching, 0.3),
-    "parquet": (writing_parquet, 0.02),
-    "load": (loading, 1.0),  # somewhere among the eight loads and the models
+# The longest random delay after a phase is entered before the kill, in seconds: about
+# what one such phase lasts at CI size, so a kill lands anywhere in it (or just past it).
+DELAY: dict[Phase, float] = {
+    Phase.EXTRACT: 0.1,
+    Phase.RECONCILE: 0.05,
+    Phase.LAKE: 0.005,
+    Phase.LOAD: 0.3,
+    Phase.PUBLISH: 0.02,
 }
 
 
-def kill_during(target: Target, phase: str, rng: random.Random, log: Path) -> bool:
-    """Start a sync, SIGKILL it when `phase` is seen (plus a little random delay); True if
-    the process was still running when killed."""
-    proc = target.start("sync", log=log)
-    deadline = time.monotonic() + 120
-    seen, delay = PHASES[phase]
-    while proc.poll() is None and not seen(target) and time.monotonic() < deadline:
-        time.sleep(POLL)
-    time.sleep(rng.uniform(0, delay))
-    alive = proc.poll() is None
-    if alive:
-        proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    return alive
+def phase_target(server: SandboxServer, root: Path, **env: str) -> Target:
+    """A target whose runs say which phase they are in."""
+    return Target(server, root, extra_env={PHASE_FILE: str(root / "phase"), **env})
+
+
+def _sightings(marker: Path) -> Iterator[str]:
+    """Each new line the run writes to its phase file, as the poll sees it."""
+    last = None
+    while True:
+        try:
+            line = marker.read_text().strip()
+        except FileNotFoundError:
+            line = None
+        if line and line != last:
+            last = line
+            yield line
+        else:
+            yield ""
+
+
+def kill_in(target: Target, phase: Phase, rng: random.Random, log: Path, *args: str) -> str | None:
+    """Start `clinical-sync sync ARGS` and SIGKILL it in `phase`: at the k-th time it is
+    seen entering one (k from `rng`, the first if the run never shows that many), after a
+    random delay within the phase. The phase line current at the kill; None if the run
+    ended first."""
+    target.root.mkdir(parents=True, exist_ok=True)
+    marker = Path(target.env()[PHASE_FILE])
+    for wanted in (rng.randint(1, 4), 1):
+        marker.unlink(missing_ok=True)
+        proc = target.start("sync", *args, log=log)
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        seen = 0
+        for line in _sightings(marker):
+            seen += line.split()[:1] == [phase]
+            if seen >= wanted or proc.poll() is not None:
+                break
+            assert time.monotonic() < deadline, f"no {phase} phase within {SYNC_TIMEOUT} s"
+            time.sleep(POLL)
+        time.sleep(rng.uniform(0, DELAY[phase]))
+        at = marker.read_text().strip() if marker.exists() else ""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            return at
+        proc.wait(timeout=30)  # it ended first: the next run tries at the first sighting
+    return None
 
 
 def cursor_text(value: object) -> str:
@@ -104,16 +135,15 @@ def assert_watermarks_cover_loaded_rows(target: Target, source: dict[str, list[d
 def test_sync_survives_sigkill_in_every_phase(tmp_path, ledger):
     rng = random.Random(6)
     with SandboxServer(sandbox_config(seed=47, scale=0.1, latency=0.01)) as server:
-        target = Target(server, tmp_path / "target")
-        target.root.mkdir(parents=True)
+        target = phase_target(server, tmp_path / "target")
         source = truth(server)  # the source stays still: the end state is known
         killed = []
-        rounds = SIZE
-        for n, phase in enumerate([p for _ in range(rounds) for p in PHASES]):
-            if kill_during(target, phase, rng, tmp_path / f"kill-{n}.log"):
-                killed.append(phase)
+        for n, phase in enumerate([p for _ in range(SIZE) for p in Phase]):
+            if at := kill_in(target, phase, rng, tmp_path / f"kill-{n}.log"):
+                killed.append(at)
+                ledger.kills[at.split()[0]] += 1
             assert_watermarks_cover_loaded_rows(target, source)
-        assert len(killed) >= 2, f"the syncs finished before the kills: {killed}"
+        assert len(killed) >= 3, f"the syncs finished before the kills: {killed}"
         ledger.crashes_survived += len(killed)
 
         done = target.sync()
@@ -121,3 +151,47 @@ def test_sync_survives_sigkill_in_every_phase(tmp_path, ledger):
         assert_matches(compare(target, source), ledger)
         assert_watermarks_cover_loaded_rows(target, source)
         assert_lake_sound(target)
+
+
+FAULTS = {"error_rate": 0.05, "token_lifetime": 4}
+# Every 10 collection requests at CI size, every 33 under `make soak` (test_drift.py: the
+# same changes per set read at 10x the data).
+DRIFT = {"drift_every": max(10, 10 * SIZE // 3)}
+SEEDS = range(1, 2 if SIZE == 1 else 7)  # x 5 phases: 5 kills at CI size, 30 under soak
+EACH_RESUMED = SIZE > 1  # under soak every kill is followed by a run to the end, compared
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_killed_in_every_phase_and_resumed_under_drift_ends_equal(seed, tmp_path, ledger):
+    """Per seed, a kill in each phase (in an order the seed draws), each followed by a run
+    to completion (at CI size: the next kill's run, and one to completion after the last)
+    that must equal the drifting source: nothing missing, stale or held twice; the sets
+    without updated_at only where drift changed a key during that run (test_drift.py)."""
+    rng = random.Random(seed)
+    config = sandbox_config(seed=80 + seed, fault_seed=seed, drift_seed=seed, **FAULTS, **DRIFT)
+    with SandboxServer(config) as server:
+        target = phase_target(server, tmp_path / "target")
+        control = server.control()
+        phases = list(Phase)
+        rng.shuffle(phases)
+        for n, phase in enumerate(phases):
+            if n == 2:  # a day of changes at the clinic: the later runs are nightly increments
+                control.advance(
+                    seconds=86400, insert_fraction=0.02, update_fraction=0.02, delete_fraction=0.01
+                )
+            args = ("--full",) if n == 0 else ()
+            at = kill_in(target, phase, rng, tmp_path / f"kill-{n}.log", *args)
+            if at:
+                ledger.crashes_survived += 1
+                ledger.kills[at.split()[0]] += 1
+            if not EACH_RESUMED and n < len(phases) - 1:
+                continue
+            mark = len(control.changes())
+            done = target.sync()
+            assert "sync failed" not in done.stderr
+            modes = summary_modes(done.stdout)
+            assert_reconciled(target)
+            assert_equal_to_source(target, ledger, moved=drifted(server, mark), modes=modes)
+            ledger.changes_during_runs += len(control.changes()) - mark
+        assert_lake_sound(target)
+        ledger.add_faults(control.stats())

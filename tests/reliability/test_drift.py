@@ -13,31 +13,28 @@ key that drift changed during the run.
 
 from __future__ import annotations
 
-import signal
-import time
+import random
 
 import pytest
 
-from connectors.clinical_records.catalogue import (
-    ALL_ENTITIES,
-    DOCUMENTS,
-    PATIENTS,
-    Strategy,
-)
+from connectors.clinical_records.catalogue import PATIENTS
 from connectors.sandbox.server import SandboxServer
+from sync.phase import Phase
 from tests.reliability.conftest import (
     BASE_SCALE,
     SIZE,
-    Ledger,
     Target,
+    assert_equal_to_source,
     assert_lake_sound,
-    canonical,
-    duplicates,
-    live,
+    assert_reconciled,
+    drifted,
+    modes_of,
+    record_run,
     sandbox_config,
+    summary_modes,
     truth,
 )
-from tests.reliability.test_crashes import writing_parquet
+from tests.reliability.test_crashes import kill_in, phase_target
 
 pytestmark = pytest.mark.reliability
 
@@ -59,82 +56,10 @@ DRIFT = {
 }
 
 
-def drifted(server: SandboxServer, since: int) -> dict[str, set[str]]:
-    """Per set, the keys (as text) drift changed since change number `since`."""
-    keys: dict[str, set[str]] = {e.name: set() for e in ALL_ENTITIES}
-    for change in server.control().changes()[since:]:
-        keys[change["entity"]].add(str(change["key"]))
-    return keys
-
-
-def assert_equal_to_source(
-    target: Target,
-    ledger: Ledger,
-    *,
-    moved: dict[str, set[str]],
-    modes: dict[str, str],
-) -> None:
-    """Live rows equal the source now: no key missing, extra or held twice, no value stale.
-    A set the run skipped is not compared; a set read by `created_at` increments is
-    compared by key (an update waits for its snapshot: README, "How a sync spends its
-    requests")."""
-    source = truth(target.server)
-    problems = []
-    for entity in ALL_ENTITIES:
-        mode = modes.get(entity.name, "skip")
-        if mode == "skip":
-            continue
-        want, have = canonical(entity, source[entity.name]), live(target, entity)
-        ledger.records_compared += len(want)
-        allowed = set() if entity.sees_updates else moved[entity.name]
-        if entity is DOCUMENTS:  # and those of a patient drift changed while it was read
-            patients = moved[PATIENTS.name]
-            allowed = allowed | {
-                str(d["id"]) for d in source[entity.name] if str(d["patient_id"]) in patients
-            }
-            allowed |= {
-                str(k)
-                for k, row in live(target, entity).items()
-                if str(row["patient_id"]) in patients
-            }
-        wrong = {
-            "missing": want.keys() - have.keys(),
-            "extra": have.keys() - want.keys(),
-            "stale": set()
-            if mode == "incremental" and entity.strategy is Strategy.CREATED
-            else {k for k in want.keys() & have.keys() if want[k] != have[k]},
-        }
-        for kind, keys in wrong.items():
-            unexplained = sorted((k for k in keys if str(k) not in allowed), key=str)
-            if unexplained:
-                problems.append(f"{entity.name}: {len(unexplained)} {kind}: {unexplained[:3]}")
-        if duplicates(target, entity):
-            problems.append(f"{entity.name}: {duplicates(target, entity)} keys held twice")
-    ledger.mismatches += len(problems)
-    assert not problems, "warehouse differs from the source:\n" + "\n".join(problems)
-
-
-def assert_reconciled(target: Target) -> None:
-    """The last run's reconciliation left no difference it could not place."""
-    ((left,),) = target.query(
-        'SELECT "unreconciled" FROM "ops"."sync_runs" ORDER BY "started_at" DESC LIMIT 1'
-    )
-    assert left == 0
-
-
-def record_run(ledger: Ledger, report, changes: int) -> None:
-    ledger.changes_during_runs += changes
-    ledger.reconciled += sum(int(f.get("reconciled", 0)) for f in report.entities.values())
-
-
-def modes_of(report) -> dict[str, str]:
-    return {name: str(figures["mode"]) for name, figures in report.entities.items()}
-
-
 def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
     config = sandbox_config(seed=53, scale=BASE_SCALE * 2.5, fault_seed=9, **FAULTS, **DRIFT)
     with SandboxServer(config) as server:
-        target = Target(server, tmp_path / "target")
+        target = phase_target(server, tmp_path / "target")
         control = server.control()
 
         # 1. A full sync while every set drifts.
@@ -176,21 +101,14 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         )
         assert soft_deleted > 0
 
-        # 3. A sync killed while it writes its first batches, then a run to the end.
+        # 3. A sync killed while it writes its batches, then a run to the end.
         mark = len(control.changes())
-        process = target.start("sync", log=tmp_path / "killed.log")
-        deadline = time.monotonic() + 60
-        while process.poll() is None and not writing_parquet(target):
-            assert time.monotonic() < deadline, "the killed sync never wrote a batch"
-            time.sleep(0.002)
-        time.sleep(0.2)
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
+        if at := kill_in(target, Phase.LAKE, random.Random(3), tmp_path / "killed.log"):
             ledger.crashes_survived += 1
-        process.wait(timeout=30)
+            ledger.kills[at.split()[0]] += 1
         done = target.sync()
         assert "sync failed" not in done.stderr
-        resumed = {line.split()[0]: line.split()[1] for line in _summary(done.stdout)}
+        resumed = summary_modes(done.stdout)
         assert_reconciled(target)
         assert_equal_to_source(target, ledger, moved=drifted(server, mark), modes=resumed)
         ledger.changes_during_runs += len(control.changes()) - mark
@@ -235,12 +153,6 @@ def test_a_capped_or_refused_expansion_stays_exact_while_the_source_drifts(
                 spent = int(float(report.entities["Documents"]["requests"]))
                 assert spent >= len(truth(server)[PATIENTS.name]) * 0.9, spent
         ledger.add_faults(control.stats())
-
-
-def _summary(stdout: str) -> list[str]:
-    """The rows of the sync summary table: `<entity set> <mode> ...`."""
-    names = {e.name for e in ALL_ENTITIES}
-    return [line for line in stdout.splitlines() if line.split()[:1] and line.split()[0] in names]
 
 
 def test_a_source_faster_than_the_budget_is_reported_not_hidden(tmp_path, ledger):

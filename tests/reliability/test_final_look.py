@@ -12,8 +12,16 @@ import pytest
 
 from connectors.clinical_records.catalogue import CLAIMS, PRESCRIPTIONS
 from connectors.sandbox.server import SandboxServer
-from tests.reliability.conftest import SIZE, Ledger, Target, sandbox_config
-from tests.reliability.test_drift import assert_equal_to_source, drifted, modes_of, record_run
+from tests.reliability.conftest import (
+    SIZE,
+    Ledger,
+    Target,
+    assert_equal_to_source,
+    drifted,
+    modes_of,
+    record_run,
+    sandbox_config,
+)
 
 pytestmark = pytest.mark.reliability
 
