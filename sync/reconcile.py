@@ -216,6 +216,7 @@ class Reconciler:
         self.parents: dict[Any, Any] = {}  # key -> its reference into the partition, as sent
         self.suspects: list[Any] = []  # keys missing from their parent's cell: gone, or moved
         self.probed: list[dict] = []  # the last probe's answer: the mark moves to its newest
+        self.window_page: Span | None = None  # the window as last counted, its first page
         self.unverified = 0  # the window's count less its keys held, at its last count
 
     # -- the three calls ----------------------------------------------------------------------
@@ -265,7 +266,7 @@ class Reconciler:
             self.total, complete = self._probe()
             if budget is None:
                 budget = default_budget(self.total)
-            if not complete and not (self.window_read and self._window_agrees()):
+            if not complete and not (self._window_agrees() and self.window_read):
                 if result.requests >= budget:
                     result.stale = max(1, self.unverified)
                     result.residual = abs(self.total - (len(self.held) + self.unkeyed))
@@ -370,30 +371,31 @@ class Reconciler:
 
     def _window_agrees(self) -> bool:
         """One request: how many records lie at or after the mark now, and the lowest
-        hundred keys of them. True when that count equals the window's keys held and none
-        of those shown differs from the version held."""
-        assert self.mark is not None
+        hundred keys of them (the first page of reading the window again). True when that
+        count equals the window's keys held and none of those shown differs from the
+        version held."""
+        assert self.mark is not None and self.cursor is not None
+        window = Comparison(self.cursor, "ge", self.mark[0])
+        self.window_page = Span(None, None, [], 0, where=window)
         query = Query(
-            self.entity,
-            filter=Comparison(self.cursor, "ge", self.mark[0]),  # type: ignore[arg-type]
-            orderby=[(self.key, False)],
-            top=PAGE_SIZE,
-            count=True,
+            self.entity, filter=window, orderby=[(self.key, False)], top=PAGE_SIZE, count=True
         )
         envelope = self._page(query)
+        self.window_page.first = envelope["value"]
         changed = self._reread(envelope["value"])
         held = sum(1 for k, (moment, _) in self.window.items() if k in self.held)
         self.unverified = abs(int(envelope[COUNT]) - held)
         return not changed and self.unverified == 0
 
     def _catch_up(self) -> None:
-        """The window read again (`<cursor> ge <mark>`, pages in flight): what differs is
-        re-read. A held key of the window the read did not bring is asked for by key (its
-        cursor only moves up, so it was deleted, unless the service says otherwise). Then
-        the mark moves to the newest the probe saw: every later write sorts at or after it."""
-        assert self.mark is not None and self.cursor is not None
-        since = Comparison(self.cursor, "ge", self.mark[0])
-        records = list(self._all(Query(self.entity, filter=since)))
+        """The window read again, on from the page that counted it (keyset pages, which no
+        shift between them can skip): what differs is re-read. A held key of the window
+        the read did not bring is asked for by key (its cursor only moves up, so it was
+        deleted, unless the service says otherwise). Then the mark moves to the newest the
+        probe saw: every later write sorts at or after it."""
+        span = self.window_page
+        assert span is not None and span.first is not None
+        records = self._read_on(span.first, span)
         self._reread(records)
         there = {self._key(r) for r in records}
         self.suspects.extend(k for k in self.window if k in self.held and k not in there)

@@ -45,6 +45,9 @@ class Change:
     kind: str  # insert, update or delete
     key: Any
     at: datetime
+    # An update that left the change cursor's value as it was: a second write on the same
+    # day where the cursor is a date (Claims), which no cursor can show.
+    cursor_moved: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class Change:
             "kind": self.kind,
             "key": self.key,
             "at": self.at.isoformat(),
+            "cursor_moved": self.cursor_moved,
         }
 
 
@@ -272,8 +276,8 @@ class Store:
                 continue
             self._insert(table, 1, before, key=key)
             self.changes.append(Change(entity.name, "insert", key, self.now))
-        for key in self._update(table, updates, before, rng=rng):
-            self.changes.append(Change(entity.name, "update", key, self.now))
+        for key, moved in self._update(table, updates, before, rng=rng):
+            self.changes.append(Change(entity.name, "update", key, self.now, moved))
         self._indexes.clear()
 
     def drift_documents(self, *, uploads: int = 1, deletes: int = 1, rng: random.Random) -> None:
@@ -332,9 +336,10 @@ class Store:
 
     def _update(
         self, table: Table, n: int, after: datetime, rng: random.Random | None = None
-    ) -> list[Any]:
+    ) -> list[tuple[Any, bool]]:
         """Change a few fields of `n` records, with values a new record would have, and move
-        their `updated_at` past `after` where the set has one; the keys changed."""
+        their `updated_at` past `after` where the set has one; the keys changed, each with
+        whether its change cursor's value moved."""
         if n == 0 or not len(table):
             return []
         entity = table.entity
@@ -356,14 +361,16 @@ class Store:
             else self._rng.choice(len(table), size=size, replace=False).tolist()
         )
         keys = []
+        cursor = entity.change_cursor
         for index, fresh in zip(picks, template, strict=False):
             record = dict(table.rows[index])
+            was = record.get(cursor) if cursor else None
             for name in self._rng.choice(changeable, size=min(3, len(changeable)), replace=False):
                 record[str(name)] = fresh[str(name)]
             if "updated_at" in entity.by_name:
                 record["updated_at"] = fresh["updated_at"]
             table.upsert(record)
-            keys.append(record.get(entity.key))
+            keys.append((record.get(entity.key), cursor is None or record.get(cursor) != was))
         return keys
 
     def _delete(self, table: Table, n: int) -> list[Any]:
