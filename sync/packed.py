@@ -163,8 +163,8 @@ def _packed_read(
     if listed_alone:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
     expanded = [r for r in riders if r not in listed_alone]
-    if root_reconciler:  # counted, a set without a change cursor too: the plan's estimate
-        meter.charge(root.name, lambda: root_reconciler.begin(counted=True))
+    if root_reconciler:  # a root that carries children is counted: the plan's estimate
+        meter.charge(root.name, lambda: root_reconciler.begin(counted=bool(riders)))
     for r in riders:
         if r.reconciler:
             meter.charge(r.entity.name, lambda r=r: r.reconciler.begin(counted=True))
