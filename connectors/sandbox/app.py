@@ -24,7 +24,7 @@ from starlette.routing import Route
 from connectors.clinical_records import catalogue as cat
 from connectors.sandbox import metadata
 from connectors.sandbox.auth import OAuthError, TokenService
-from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.config import SandboxConfig, ScriptedDrift
 from connectors.sandbox.document_endpoints import DocumentEndpoints
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import ERROR_STATUSES, FaultInjector
@@ -187,31 +187,35 @@ class Sandbox(DocumentEndpoints):
         assert entity is not None
         query = self._query(request, entity)
         self.served.append((entity.name, query_options(request)))
-        if self.faults.should_drift():
-            c = self.config
-            with self.store.lock:
-                self.store.drift(
-                    entity,
-                    inserts=c.drift_inserts,
-                    updates=c.drift_updates,
-                    deletes=c.drift_deletes,
-                    rng=self.faults.drift_rng,
-                )
-                if expands_target(query, cat.DOCUMENTS.name):
-                    self._drift_documents()
-        for change in self.faults.scripted(entity.name):
-            with self.store.lock:
+        self._drift(entity, query)
+        with self.store.lock:
+            page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
+        return json_response(envelope(request, entity.name, page.records, page.count))
+
+    def _drift(self, entity: cat.EntitySet, query: Query) -> None:
+        """What changes before this answer: the set, every `drift_every` collection requests
+        (and the documents, where the request lists them), and what the drift script aims at
+        this request to the set."""
+        c, faults = self.config, self.faults
+        every = faults.should_drift()
+        due = [(change, faults.script_rng) for change in faults.scripted(entity.name)]
+        if every:
+            regular = ScriptedDrift(
+                entity.name, 0, c.drift_inserts, c.drift_updates, c.drift_deletes
+            )
+            due.insert(0, (regular, faults.drift_rng))
+        with self.store.lock:
+            for change, rng in due:
                 self.store.drift(
                     entity,
                     inserts=change.inserts,
                     updates=change.updates,
                     deletes=change.deletes,
-                    rng=self.faults.script_rng,
+                    rng=rng,
                     place=change.place,
                 )
-        with self.store.lock:
-            page = run_collection(query, entity, self.store.table(entity.name), self.store.related)
-        return json_response(envelope(request, entity.name, page.records, page.count))
+            if every and expands_target(query, cat.DOCUMENTS.name):
+                self._drift_documents()
 
     async def _entity(self, request: Request, resource: Resource) -> Response:
         entity = resource.entity

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from sync.strategy import parse_watermark
 from tests.reliability.conftest import (
     SIZE,
     SYNC_TIMEOUT,
+    Ledger,
     Target,
     assert_equal_to_source,
     assert_lake_sound,
@@ -100,6 +102,25 @@ def kill_in(target: Target, phase: Phase, rng: random.Random, log: Path, *args: 
             return at
         proc.wait(timeout=30)  # it ended first: the next run tries at the first sighting
     return None
+
+
+def count_kill(ledger: Ledger, at: str | None) -> None:
+    """A kill the run did not outlive, by the phase it was in."""
+    if at:
+        ledger.crashes_survived += 1
+        ledger.kills[at.split()[0]] += 1
+
+
+def resume(target: Target, ledger: Ledger) -> subprocess.CompletedProcess:
+    """`clinical-sync sync` to completion after a kill: it must end equal to the drifting
+    source, its reconciliation with nothing left over."""
+    mark = len(target.server.store.changes)
+    done = target.sync()
+    assert "sync failed" not in done.stderr
+    assert_reconciled(target)
+    assert_equal_to_source(target, ledger, since=mark, modes=summary_modes(done.stdout))
+    ledger.changes_during_runs += len(target.server.store.changes) - mark
+    return done
 
 
 def cursor_text(value: object) -> str:
@@ -179,18 +200,8 @@ def test_killed_in_every_phase_and_resumed_under_drift_ends_equal(seed, tmp_path
                     seconds=86400, insert_fraction=0.02, update_fraction=0.02, delete_fraction=0.01
                 )
             args = ("--full",) if n == 0 else ()
-            at = kill_in(target, phase, rng, tmp_path / f"kill-{n}.log", *args)
-            if at:
-                ledger.crashes_survived += 1
-                ledger.kills[at.split()[0]] += 1
-            if not EACH_RESUMED and n < len(phases) - 1:
-                continue
-            mark = len(control.changes())
-            done = target.sync()
-            assert "sync failed" not in done.stderr
-            modes = summary_modes(done.stdout)
-            assert_reconciled(target)
-            assert_equal_to_source(target, ledger, since=mark, modes=modes)
-            ledger.changes_during_runs += len(control.changes()) - mark
+            count_kill(ledger, kill_in(target, phase, rng, tmp_path / f"kill-{n}.log", *args))
+            if EACH_RESUMED or n == len(phases) - 1:
+                resume(target, ledger)
         assert_lake_sound(target)
         ledger.add_faults(control.stats())
