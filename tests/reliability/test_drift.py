@@ -67,7 +67,7 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         moved = drifted(server, mark)
         assert sum(map(len, moved.values())) >= 6, "drift must have hit the run"
         record_run(ledger, report, len(control.changes()) - mark)
-        assert_equal_to_source(target, ledger, moved=moved, modes=modes_of(report))
+        assert_equal_to_source(target, ledger, since=mark, modes=modes_of(report))
         reconciled = {
             name: figures
             for name, figures in report.entities.items()
