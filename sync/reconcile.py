@@ -21,6 +21,10 @@ are found at the cost of a few requests:
    has passed), the probe is asked again, followed by one request that counts the window
    and brings its lowest hundred keys: when that count equals the window's keys held and
    nothing it shows differs, the look is complete; otherwise the window is read again.
+   Between them they show the window's highest hundred keys (the probe orders equal cursor
+   values by key, descending) and its lowest, so an insert at either end is seen even where
+   a delete in the window cancels it in both counts; one between them with such a delete is
+   not (a set without a cursor has the same blind spot in a key range).
 3. If the total differs from the keys held, the difference lies in key ranges, each asked
    as `$count=true&$top=100` over `<key> ge a and <key> lt b`. A range that disagrees is
    halved at a held key: one request counts the lower half, the upper half's count is the
@@ -357,9 +361,11 @@ class Reconciler:
                 # here instead of by halving key ranges.
                 self._settle(sorted(k for k in self.held if k >= lowest), newest)
             return total, True
+        # Among writes that share a cursor value (a date), the highest keys first, where a
+        # service numbers new records; the window's count brings the lowest.
         query = Query(
             self.entity,
-            orderby=[(self.cursor, True), (self.key, False)],
+            orderby=[(self.cursor, True), (self.key, True)],
             top=PAGE_SIZE,
             count=True,
         )
