@@ -21,9 +21,10 @@ What each spec type allows, as this profile reads the spec (README, "The sandbox
 - Edm.Date: YYYY-MM-DD from 0001-01-01 to 9999-12-31, leap days included (not 0000: a year
   Python's `date`, and so the sandbox's own `$filter`, cannot hold).
 - Edm.DateTimeOffset: what ISO 8601 and OData's Edm.DateTimeOffset (the `$metadata` type)
-  both allow: extended format, `T` or `t`, `Z`, `z` or `+hh:mm`/`-hh:mm`, seconds optional
-  (`T10:00Z`), 1 to 9 fraction digits. Not a space for `T`, nor `-0800` after an extended
-  time: ISO 8601 allows neither (a representation is all basic or all extended), nor OData.
+  both allow, as `openapi.DATETIME_PATTERN` describes it: extended format, `T` or `t`, `Z`,
+  `z` or `+hh:mm`/`-hh:mm`, seconds optional (`T10:00Z`), 1 to 9 fraction digits. Not a
+  space for `T`, nor `-0800` after an extended time: ISO 8601 allows neither (a
+  representation is all basic or all extended), nor does OData.
 
 References that join stay joined (`columns.joinable`): a number points at a parent whose id
 is that number's canonical text. Shares kept from the default profile: 8% nulls in optional
