@@ -520,6 +520,37 @@ def test_filter_compares_date_times_as_instants_and_decimals_as_numbers(client, 
     assert negative and matching(client, cat.CLAIMS, "id lt 0") == negative
 
 
+def test_a_value_as_sent_is_a_literal_that_finds_its_record(client, data):
+    """A client may filter by a value it read: every date-time form the sandbox sends (`t`,
+    `z`, no seconds, nine digits) and every decimal OData writes as a literal (`+12.50`)."""
+    appointments = data[cat.APPOINTMENTS.name]
+    by_form: dict[str, dict] = {}
+    for row in appointments:
+        if row["start_datetime"]:
+            by_form.setdefault(re.sub(r"[0-9]", "9", row["start_datetime"]), row)
+    assert len(by_form) > 20
+    for text, row in ((r["start_datetime"], r) for r in by_form.values()):
+        same = {
+            a["id"]
+            for a in appointments
+            if a["start_datetime"] and instant(a["start_datetime"]) == instant(text)
+        }
+        assert row["id"] in same
+        assert matching(client, cat.APPOINTMENTS, f"start_datetime eq {text}") == same, text
+    claims = data[cat.CLAIMS.name]
+    odata_decimal = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
+    amounts = {c["total_claim_amount"] for c in claims if c["total_claim_amount"]}
+    literals = sorted(a for a in amounts if odata_decimal.fullmatch(a))
+    assert any(a.startswith("+") for a in literals)
+    for text in literals[:40]:
+        expected = {
+            c["id"]
+            for c in claims
+            if c["total_claim_amount"] and Decimal(c["total_claim_amount"]) == Decimal(text)
+        }
+        assert matching(client, cat.CLAIMS, f"total_claim_amount eq {text}") == expected, text
+
+
 # -- determinism, changes, uploads --------------------------------------------------------------
 
 
