@@ -336,23 +336,35 @@ def created_at(ctx: Context, fld: Field) -> Column:
     return instants_as(fld, ctx.rng, ctx.created)
 
 
-def updated_at(ctx: Context, fld: Field) -> Column:
-    """Some time after creation, mostly in the last two months."""
+def update_instants(ctx: Context) -> np.ndarray:
+    """Some time after creation, mostly in the last two months (epoch seconds)."""
     recent = ctx.rng.uniform(ctx.now - 60 * 86400, ctx.now, ctx.n).astype(np.int64)
-    return instants_as(fld, ctx.rng, np.maximum(ctx.created, recent))
+    return np.maximum(ctx.created, recent)
 
 
-def appointment_updated_at(ctx: Context, fld: Field) -> Column:
-    """As `updated_at`, and one bulk edit gives hundreds of rows the very same instant."""
-    values = updated_at(ctx, fld)
+def updated_at(ctx: Context, fld: Field) -> Column:
+    return instants_as(fld, ctx.rng, update_instants(ctx))
+
+
+def bulk_edit(ctx: Context, values: Column, write: Callable[[int, int], list[str]]) -> Column:
+    """One bulk edit a week ago: hundreds of `values` take its instant, as `write(moment, k)`
+    writes it for k rows."""
     bulk = min(BULK_EDIT_SIZE, ctx.n // 4)
     moment = int(ctx.now) - 7 * 86400
     candidates = np.flatnonzero(ctx.created <= moment)
     if bulk and len(candidates) >= bulk:
-        shared = iso_instants(ctx.rng, np.array([moment]))[0]
-        for i in ctx.rng.choice(candidates, bulk, replace=False).tolist():
-            values[i] = shared
+        shared = write(moment, bulk)
+        rows = ctx.rng.choice(candidates, bulk, replace=False).tolist()
+        for i, text in zip(rows, shared, strict=True):
+            values[i] = text
     return values
+
+
+def appointment_updated_at(ctx: Context, fld: Field) -> Column:
+    """As `updated_at`, and one bulk edit gives hundreds of rows the very same text."""
+    return bulk_edit(
+        ctx, updated_at(ctx, fld), lambda moment, k: iso_instants(ctx.rng, np.array([moment])) * k
+    )
 
 
 def claim_money(ctx: Context, fld: Field) -> Column:
@@ -407,23 +419,22 @@ def birth_dates(ctx: Context, fld: Field) -> Column:
 
 BY_NAME: dict[str, Rule] = {"created_at": created_at, "updated_at": updated_at, "dob": birth_dates}
 
+CLAIM_MONEY = (
+    "total_claim_amount",
+    "total_claim_balance",
+    "total_claim_paid",
+    "total_pt_responsibility_amount",
+    "total_pt_responsibility_balance",
+    "total_pt_responsibility_paid",
+    "uncollected",
+)
+
 OVERRIDES: dict[tuple[str, str], Rule] = {
     ("Appointments", "updated_at"): appointment_updated_at,
     ("Appointments", "end_time"): end_time,
     ("Appointments", "end_time_new"): end_time,
     ("Claims", "prescription_id"): dangling_prescription,
-    **{
-        ("Claims", name): claim_money
-        for name in (
-            "total_claim_amount",
-            "total_claim_balance",
-            "total_claim_paid",
-            "total_pt_responsibility_amount",
-            "total_pt_responsibility_balance",
-            "total_pt_responsibility_paid",
-            "uncollected",
-        )
-    },
+    **{("Claims", name): claim_money for name in CLAIM_MONEY},
 }
 
 # Fields that are never null although the spec does not mark them required: the cursors and the

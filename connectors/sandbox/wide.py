@@ -46,7 +46,7 @@ import numpy as np
 
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
 from connectors.sandbox.columns import (
-    BULK_EDIT_SIZE,
+    CLAIM_MONEY,
     DANGLING_CLAIMS,
     FIRST_NAMES,
     HOME,
@@ -56,11 +56,13 @@ from connectors.sandbox.columns import (
     Column,
     Context,
     Rule,
+    bulk_edit,
     hhmmss,
     iso_dates,
     joinable,
     parent_keys,
     pick,
+    update_instants,
 )
 
 EMPTY_SHARE = 0.02  # optional string references sent as ""
@@ -283,17 +285,6 @@ def claim_money(ctx: Context, fld: Field) -> Column:
     ]
 
 
-CLAIM_MONEY = (
-    "total_claim_amount",
-    "total_claim_balance",
-    "total_claim_paid",
-    "total_pt_responsibility_amount",
-    "total_pt_responsibility_balance",
-    "total_pt_responsibility_paid",
-    "uncollected",
-)
-
-
 # -- dates and times --------------------------------------------------------------------------
 
 # Offsets in seconds; 0 is written "Z", "z" or "+00:00".
@@ -410,22 +401,14 @@ def created_at(ctx: Context, fld: Field) -> Column:
 
 
 def updated_at(ctx: Context, fld: Field) -> Column:
-    recent = ctx.rng.uniform(ctx.now - 60 * 86400, ctx.now, ctx.n).astype(np.int64)
-    return _moments(ctx, fld, np.maximum(ctx.created, recent))
+    return _moments(ctx, fld, update_instants(ctx))
 
 
 def appointment_updated_at(ctx: Context, fld: Field) -> Column:
     """One bulk edit: hundreds of rows share an instant, each written in its own form."""
-    values = updated_at(ctx, fld)
-    bulk = min(BULK_EDIT_SIZE, ctx.n // 4)
-    moment = int(ctx.now) - 7 * 86400
-    candidates = np.flatnonzero(ctx.created <= moment)
-    if bulk and len(candidates) >= bulk:
-        shared = instant_texts(ctx.rng, np.full(bulk, moment))
-        rows = ctx.rng.choice(candidates, bulk, replace=False).tolist()
-        for i, text in zip(rows, shared, strict=True):
-            values[i] = text
-    return values
+    return bulk_edit(
+        ctx, updated_at(ctx, fld), lambda moment, k: instant_texts(ctx.rng, np.full(k, moment))
+    )
 
 
 # -- references -------------------------------------------------------------------------------
