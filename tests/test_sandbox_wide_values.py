@@ -22,7 +22,7 @@ from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import Edm
 from connectors.clinical_records.query import quote
 from connectors.clinical_records.transport import path_key
-from connectors.sandbox import generator
+from connectors.sandbox import columns, generator
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from connectors.sandbox.store import Store
@@ -597,6 +597,22 @@ def test_a_day_of_changes_in_wide_stays_wide():
     assert any(not k.isdigit() for k in new) and any(LEADING_ZEROS.fullmatch(k) for k in new)
     documents = store.ground_truth()[cat.DOCUMENTS.name]
     assert len({d["uploaded_at"][-6:] for d in documents}) > 1  # offsets vary
+
+
+def test_wide_with_resolved_references_resolves_through_changes():
+    """Both switches at once: number references still find canonical-text parents when a
+    deleted parent's children are moved to a survivor."""
+    store = Store(seed=5, scale=0.1, values="wide", resolved_references=True)
+    store.advance(delete_fraction=0.05)
+    rng = random.Random(2)
+    for entity in cat.ENTITY_SETS:
+        for _ in range(5):
+            store.drift(entity, inserts=1, updates=1, deletes=1, rng=rng)  # never empties a set
+    for child, name, parent in sorted(columns.RESOLVED):
+        keys = {str(k) for k in store.table(parent).keys}
+        sent_values = [row[name] for row in store.table(child).rows]
+        assert all(v is not None and str(v) in keys for v in sent_values), (child, name)
+    assert any(LEADING_ZEROS.fullmatch(k) for k in store.table("Patients").keys)
 
 
 def test_uploads_record_the_client_and_generated_documents_a_user_name():
