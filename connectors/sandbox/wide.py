@@ -305,6 +305,13 @@ def _offset_text(seconds: int, utc_style: int) -> str:
     return f"{sign}{hours:02d}:{minutes:02d}"
 
 
+OFFSET_TEXTS = {
+    (seconds, style): _offset_text(seconds, style)
+    for seconds in set(OFFSETS.tolist())
+    for style in range(len(UTC_TEXTS))
+}
+
+
 def instant_texts(rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
     """Each instant in one of its ISO 8601 forms: an offset, a fraction of 0 to 9 digits (digits
     after the second, so never earlier than the instant), no seconds where they are zero."""
@@ -325,7 +332,7 @@ def instant_texts(rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
             body += "." + f"{fraction:09d}"[:k]
         elif drop and body.endswith(":00"):
             body = body[:-3]
-        out.append(body + _offset_text(offset, utc))
+        out.append(body + OFFSET_TEXTS[offset, utc])
     return out
 
 
