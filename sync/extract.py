@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import entity_key
+from connectors.clinical_records.keys import entity_key
 from connectors.clinical_records.query import Expr, Query, between
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
