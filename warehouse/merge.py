@@ -121,7 +121,7 @@ class Merge:
         """Whether a key occurs twice in the batches (reads the key column only)."""
         (duplicated,) = self.con.execute(
             f"""SELECT count(*) <> count(DISTINCT {self.key})
-                FROM read_parquet(?, hive_partitioning = false)""",
+                FROM read_parquet(?, hive_partitioning = false, union_by_name = true)""",
             [self.files],
         ).fetchone()
         return bool(duplicated)
@@ -146,8 +146,12 @@ class Merge:
     def _versions(self, ranked: bool) -> str:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
         `ranked` adds batch order and row number, which break ties between versions."""
+        # Each column cast to its type: a batch written under an older typing rule (an id
+        # as BIGINT, DECIMAL(18,4)) loads as the warehouse now types it.
         select = ", ".join(
-            f"s.{quote(name)}" if name in self.present else f"NULL::{kind} AS {quote(name)}"
+            f"CAST(s.{quote(name)} AS {kind}) AS {quote(name)}"
+            if name in self.present
+            else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
         )
         extras = (
