@@ -20,6 +20,7 @@ def _sandbox(args: argparse.Namespace) -> int:
         seed=args.seed,
         scale=args.scale,
         resolved_references=args.resolved_references,
+        values=args.values,
         rate=args.rate or None,  # 0 turns the limit off
         burst=args.burst,
         latency=args.latency,
@@ -36,7 +37,11 @@ def _sandbox(args: argparse.Namespace) -> int:
         config.client_secret = args.client_secret
     if args.api_key:
         config.api_key = args.api_key
-    print(f"generating sandbox data (seed {args.seed}, scale {args.scale:g})...", file=sys.stderr)
+    print(
+        f"generating sandbox data (seed {args.seed}, scale {args.scale:g}, "
+        f"values {args.values})...",
+        file=sys.stderr,
+    )
     server = SandboxServer(config, port=args.port)
     counts = server.store.counts()
     print(
@@ -52,6 +57,8 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def _add_sandbox(sub: argparse._SubParsersAction) -> None:
+    from connectors.sandbox.config import VALUE_PROFILES  # light: the catalogue only
+
     p = sub.add_parser("sandbox", help="serve the sandbox and print its CLINICAL_* settings")
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765)")
     p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data (default: 7)")
@@ -98,6 +105,14 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every reference a navigation joins on is set and names a record that exists "
         "(default: some are null, 1%% of claims dangle, as the spec allows)",
+    )
+    p.add_argument(
+        "--values",
+        choices=VALUE_PROFILES,
+        default="spec",
+        help="spec: the values the catalogue chose (default); wide: every value each field's "
+        "spec type allows (leading-zero ids, names as user ids, long decimals, every "
+        "date-time form)",
     )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")

@@ -70,6 +70,7 @@ class Sandbox(DocumentEndpoints):
             seed=config.seed,
             scale=config.scale,
             resolved_references=config.resolved_references,
+            values=config.values,
         )
         self.tokens = TokenService(config)
         self.limiter = RateLimiter(config.rate, config.burst)

@@ -13,6 +13,19 @@ def _secret(prefix: str) -> str:
     return f"{prefix}-{secrets.token_urlsafe(18)}"
 
 
+# What the data is drawn from: "spec", the default (values our catalogue chose, the data every
+# recorded figure was measured on), or "wide": every value each field's spec type allows
+# (connectors/sandbox/wide.py; README, "The sandbox").
+VALUE_PROFILES = ("spec", "wide")
+
+
+def checked_values(name: object) -> str:
+    """`name` when it names a values profile; otherwise the error says which do."""
+    if name not in VALUE_PROFILES:
+        raise ValueError(f"values must be one of {', '.join(VALUE_PROFILES)}; got {name!r}")
+    return str(name)
+
+
 def _count_like(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -26,6 +39,7 @@ class SandboxConfig:
     # Every reference a catalogue navigation joins on is set and names a record that exists,
     # through advance and drift too (store.Store); off: the spec's nulls and dangling claims.
     resolved_references: bool = False
+    values: str = "spec"  # a name of VALUE_PROFILES
     # Credentials the sandbox accepts; secrets are fresh per instance unless given.
     client_id: str = "sandbox-client"
     client_secret: str = field(default_factory=lambda: _secret("secret"))
@@ -79,6 +93,9 @@ class SandboxConfig:
         "expand_cap",
         "refuse_document_expand",
     )
+
+    def __post_init__(self) -> None:
+        checked_values(self.values)
 
     def update(self, **changes: object) -> None:
         """Change runtime settings; an unknown or data-shaping name is refused."""
