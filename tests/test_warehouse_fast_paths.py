@@ -9,18 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 
-import pytest
-
 from connectors.clinical_records.catalogue import APPOINTMENTS, CLAIMS
-from tests.warehouse_records import Harness, record
+from tests.warehouse_records import record
 from warehouse.normalise import normalise
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
 
 
 def test_an_impossible_datetime_among_plain_ones_is_kept_raw_and_the_rest_converted():

@@ -27,13 +27,6 @@ EVERYTHING = """
 """
 
 
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
-
-
 def amounts(harness: Harness) -> dict[int, Decimal]:
     return dict(harness.rows('SELECT "id", "total_claim_amount" FROM "clinical"."claims"'))
 

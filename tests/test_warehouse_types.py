@@ -17,14 +17,7 @@ from connectors.clinical_records.catalogue import (
     Canonical,
     EntitySet,
 )
-from tests.warehouse_records import Harness, record
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
+from tests.warehouse_records import record
 
 
 def test_decimals_round_trip_exactly(harness):
@@ -103,15 +96,20 @@ def test_prescription_created_at_is_the_text_as_sent(harness):
 
 
 def test_ids_join_across_resources_without_casts(harness):
-    harness.sync(PATIENTS, [record(PATIENTS, 1234, id="1234"), record(PATIENTS, 77, id="77")])
-    harness.sync(APPOINTMENTS, [record(APPOINTMENTS, 1, patient_id="1234")])
+    """A number sent for a string family is its decimal text: Prescriptions.patient_id 1234
+    is patient "1234", never "01234", which Appointments.patient_id "01234" names."""
+    harness.sync(PATIENTS, [record(PATIENTS, 1, id="1234"), record(PATIENTS, 2, id="01234")])
+    harness.sync(
+        APPOINTMENTS,
+        [record(APPOINTMENTS, 1, patient_id="1234"), record(APPOINTMENTS, 2, patient_id="01234")],
+    )
     harness.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 9, patient_id=1234)])
     rows = harness.rows(
         'SELECT p."id", a."id", rx."id" FROM "clinical"."patients" p '
         'JOIN "clinical"."appointments" a ON a."patient_id" = p."id" '
         'JOIN "clinical"."prescriptions" rx ON rx."patient_id" = p."id"'
     )
-    assert rows == [("1234", "app-1", "9")]  # a number sent for a string family: its digits
+    assert rows == [("1234", "app-1", "9")]
     types = dict(
         harness.rows(
             "SELECT table_name, data_type FROM duckdb_columns() WHERE schema_name = 'clinical' "

@@ -18,13 +18,6 @@ from connectors.clinical_records.catalogue import (
 from tests.warehouse_records import Harness, record
 
 
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
-
-
 def notes(harness: Harness) -> list[tuple]:
     """Every reject and every value kept raw: none of the cases here may have any."""
     return harness.rows(
@@ -58,23 +51,6 @@ def test_ids_with_and_without_leading_zeros_are_two_records(harness, entity, tab
     rows = harness.rows(f'SELECT "id", "last_name" FROM "clinical"."{table}" ORDER BY "id"')
     assert rows == [("00123", "Early"), ("123", "Late")]
     assert notes(harness) == []
-
-
-def test_a_reference_joins_the_id_it_spells_and_no_other(harness):
-    """A number sent for a string family is its decimal text: Prescriptions.patient_id 123
-    is patient "123", never "00123"; Appointments.patient_id "00123" is "00123"."""
-    harness.sync(PATIENTS, [record(PATIENTS, 1, id="00123"), record(PATIENTS, 2, id="123")])
-    harness.sync(APPOINTMENTS, [record(APPOINTMENTS, 1, patient_id="00123")])
-    harness.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 9, patient_id=123)])
-    appointment = harness.rows(
-        'SELECT p."id" FROM "clinical"."appointments" a JOIN "clinical"."patients" p '
-        'ON p."id" = a."patient_id"'
-    )
-    prescription = harness.rows(
-        'SELECT p."id" FROM "clinical"."prescriptions" rx JOIN "clinical"."patients" p '
-        'ON p."id" = rx."patient_id"'
-    )
-    assert (appointment, prescription) == ([("00123",)], [("123",)])
 
 
 def test_user_names_location_codes_and_empty_references_load_as_sent(harness):
