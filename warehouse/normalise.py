@@ -101,12 +101,12 @@ def _raw_columns(
 ) -> tuple[dict[str, pa.Array], list[Problem]]:
     """Each known field as an Arrow array of its JSON type, or as text where kinds are mixed."""
     struct_type = json_struct_type(entity)
-    errors: list[Problem] = []
+    unfit: list[Problem] = []
     loose = _floats_in_integers(struct_type, records)
     if not loose:
         try:
             struct = pa.array(records, type=struct_type)
-            return {f.name: struct.field(f.name) for f in entity.fields}, errors
+            return {f.name: struct.field(f.name) for f in entity.fields}, unfit
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             pass
     columns: dict[str, pa.Array] = {}
@@ -119,8 +119,8 @@ def _raw_columns(
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 pass
         columns[fld.name], wrong = _loose_column(records, fld)
-        errors.extend((fld.name, mask, reason) for mask, reason in wrong)
-    return columns, errors
+        unfit.extend((fld.name, mask, reason) for mask, reason in wrong)
+    return columns, unfit
 
 
 def _floats_in_integers(struct_type: pa.StructType, records: Sequence[dict]) -> set[str]:
