@@ -94,8 +94,20 @@ def status(args: argparse.Namespace) -> int:
 
 
 def status_table(states: Sequence[EntityStatus]) -> str:
-    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's."""
-    rows = [("entity set", "rows", "deleted", "rejects", "watermark", "last run", "loaded at")]
+    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's; `kept
+    raw`, records loaded with a value that did not fit its column (in `_extras`)."""
+    rows = [
+        (
+            "entity set",
+            "rows",
+            "deleted",
+            "rejects",
+            "kept raw",
+            "watermark",
+            "last run",
+            "loaded at",
+        )
+    ]
     for s in states:
         rows.append(
             (
@@ -103,6 +115,7 @@ def status_table(states: Sequence[EntityStatus]) -> str:
                 f"{s.rows - s.deleted:,}",
                 f"{s.deleted:,}",
                 f"{s.rejects:,}",
+                f"{s.unfit:,}",
                 s.watermark or "-",
                 s.last_run_id or "-",
                 _when(s.last_loaded_at),

@@ -39,6 +39,7 @@ from warehouse.load import Warehouse
 UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
 REJECTS = "no_rejects"
+UNFIT = "values_fit_columns"
 RECONCILED = "reconciled_with_source"
 STALENESS = "read_whole_recently"
 FRESH_WITHIN = timedelta(hours=26)
@@ -55,6 +56,14 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             description="After a snapshot, live rows equal the source's @odata.count",
         ),
         AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
+        AssetCheckSpec(
+            UNFIT,
+            asset=key,
+            description=(
+                "Records loaded this run with a value that did not fit its column (null "
+                "there, kept as sent in _extras), per field (WARN)"
+            ),
+        ),
         *(
             [
                 AssetCheckSpec(
@@ -123,6 +132,7 @@ def table_check_results(
     dupes = quality.duplicate_keys(con, entity)
     live = quality.live_rows(con, entity)
     rejects = ops.run_rejects(con, entity.name, run_id)
+    unfit = ops.run_unfit(con, entity.name, run_id)
     if snapshot and source_total is not None:
         # A rejected row is in the source's count but not in the table; ops.rejects has it.
         count = AssetCheckResult(
@@ -146,7 +156,21 @@ def table_check_results(
             severity=AssetCheckSeverity.WARN,
             metadata={"rejected": rejects},
         ),
+        unfit_result(unfit),
     ]
+
+
+def unfit_result(unfit: dict[str, int]) -> AssetCheckResult:
+    """Warns, naming the fields, when a value did not fit its column: the record loaded,
+    the value is null there and kept as sent in `_extras` (ops.rejects, kind unfit)."""
+    named = ", ".join(f"{name} {count}" for name, count in unfit.items())
+    return AssetCheckResult(
+        check_name=UNFIT,
+        passed=not unfit,
+        severity=AssetCheckSeverity.WARN,
+        description=f"kept as sent in _extras: {named}" if unfit else "every value fits",
+        metadata={"kept_raw": sum(unfit.values()), **{f"field {k}": v for k, v in unfit.items()}},
+    )
 
 
 @dataclass(frozen=True)

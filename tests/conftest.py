@@ -1,4 +1,5 @@
-"""Shared fixtures: a running sandbox on 127.0.0.1 and an authenticated HTTP client for it."""
+"""Shared fixtures: a running sandbox on 127.0.0.1 and an authenticated HTTP client for it;
+a lake and a warehouse under tmp_path."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from connectors.clinical_records.catalogue import SCOPE_PREFIX
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
+from tests.warehouse_records import Harness
 
 
 def fetch_token(server: SandboxServer) -> str:
@@ -57,3 +59,12 @@ def fresh_sandbox() -> Iterator[SandboxServer]:
     """A small sandbox of its own, for tests that mutate data or inject faults."""
     with SandboxServer(SandboxConfig(seed=5, scale=0.05)) as server:
         yield server
+
+
+@pytest.fixture
+def harness(tmp_path) -> Iterator[Harness]:
+    """A lake and a warehouse under tmp_path (tests/warehouse_records.py); a test module may
+    define its own."""
+    h = Harness(tmp_path)
+    yield h
+    h.close()

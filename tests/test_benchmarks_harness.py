@@ -21,7 +21,7 @@ from benchmarks.measure import (
     server_figures,
 )
 from benchmarks.truth import compare_set, compare_warehouse, key_types, type_drift
-from connectors.clinical_records.catalogue import CLAIMS, ENTITY_SETS, PAGE_SIZE
+from connectors.clinical_records.catalogue import CLAIMS, ENTITY_SETS, PAGE_SIZE, Canonical
 from connectors.sandbox.server import SandboxServer
 
 DLT_SOURCE = Path(__file__).resolve().parents[1] / "benchmarks" / "dlt_source.py"
@@ -96,7 +96,7 @@ def test_dlt_side_loads_the_truth_then_keeps_deleted_rows(
     assert sum(last_json_line(full.stdout)["rows"].values()) == sum(counts.values())
     assert all(d.equal for d in compare_warehouse(warehouse, truth, live_only=False).values())
     # equal values, but dlt infers its own types: decimals stay text, keys differ across sets
-    assert type_drift(warehouse)["DECIMAL(18,4) as VARCHAR"] > 0
+    assert type_drift(warehouse)[f"{Canonical.DECIMAL.value} as VARCHAR"] > 0
     assert key_types(warehouse)["patient"] == {"BIGINT", "VARCHAR"}
 
     changes = control.advance(seconds=86400, delete_fraction=0.05, update_fraction=0.05)
@@ -158,3 +158,24 @@ def test_expansion_cost_refuses_a_rate_its_targets_cannot_use() -> None:
     assert expansion_args(["--rate", "5"]).rate == 5
     with pytest.raises(SystemExit):
         expansion_args(["--rate", "0"])
+
+
+def test_key_types_builds_both_rules_and_they_answer_alike(tmp_path) -> None:
+    """benchmarks/key_types.py: the same records under main's typing and today's give the
+    same answers from every analytics view, and their ids are typed as each rule says."""
+    import duckdb
+
+    from benchmarks.key_types import QUERIES, measure
+
+    seconds, answers = measure(tmp_path, scale=0.05, repeats=1)
+    assert answers["before"] == answers["after"] == answers["ids_only"]
+    assert all(len(s) == 1 for by_view in seconds.values() for s in by_view.values())
+    assert answers["after"]["prescription_claims"][0][0] > 0  # claims joined their prescriptions
+    types = {}
+    for name in ("before", "after"):
+        with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as con:
+            types[name] = con.execute(
+                "SELECT data_type FROM duckdb_columns() WHERE table_name = 'claims' "
+                "AND column_name = 'prescription_id'"
+            ).fetchone()[0]
+    assert types == {"before": "BIGINT", "after": "VARCHAR"} and len(QUERIES) == 4

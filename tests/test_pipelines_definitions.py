@@ -12,7 +12,14 @@ from dagster import AssetCheckKey, AssetKey, EnvVar
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
-from pipelines.checks import FRESH_WITHIN, MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
+from pipelines.checks import (
+    FRESH_WITHIN,
+    MATCHES_SOURCE,
+    REJECTS,
+    UNFIT,
+    UNIQUE_KEYS,
+    references,
+)
 from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
 
@@ -79,7 +86,7 @@ def test_jobs_schedule_and_sensor_exist():
 def test_checks_exist_for_every_table():
     checks = set(defs.resolve_asset_graph().asset_check_keys)
     for entity in ENTITY_SETS:
-        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS):
+        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS, UNFIT):
             assert AssetCheckKey(table_key(entity), name) in checks
     refs = {(r.source.name, r.target.name) for r in references()}
     assert {

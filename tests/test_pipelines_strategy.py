@@ -21,9 +21,11 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.query import Query
 from pipelines.models import models, parse
-from sync.extract import KeyRange, cursor_filter
+from sync.extract import KeyRange, _max_cursor, cursor_filter
 from sync.progress import Progress, Tally, TerminalProgress
 from sync.strategy import Mode, Options, SyncState, plan, watermark_of
+from tests.warehouse_records import record
+from warehouse.normalise import normalise
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 RECENT = SyncState(watermark="2026-11-19T22:30:00+00:00", last_snapshot_at=NOW - timedelta(days=1))
@@ -145,6 +147,19 @@ def test_every_strategy_of_the_catalogue_has_a_planner():
 
 
 BEGAN = datetime(2027, 1, 1, tzinfo=UTC)  # when the extraction began
+
+
+def test_a_text_cursor_moves_the_watermark_by_the_instants_it_names():
+    """Prescriptions.created_at is text as sent (no format stated): the watermark is the
+    newest instant among the values that name one; a date alone or no offset names none."""
+    sent = ["2026-03-01", "2026-03-01T10:00:00+05:30", "2026-03-01T06:00:00Z", "2026-03-02T01:00"]
+    batch = normalise(
+        PRESCRIPTIONS, [record(PRESCRIPTIONS, i, created_at=t) for i, t in enumerate(sent)]
+    )
+    assert batch.table.column("created_at").to_pylist() == sent
+    newest = _max_cursor(PRESCRIPTIONS, batch.table)
+    assert newest == datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
+    assert watermark_of(PRESCRIPTIONS, [newest], None, BEGAN) == "2026-03-01T06:00:00+00:00"
 
 
 def test_watermark_never_moves_backwards():

@@ -208,10 +208,10 @@ def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path,
         h.rows("SELECT prescription_id, delivered_date FROM analytics.prescription_summary")
     )
     assert days == {
-        1: date(2026, 1, 11),
-        2: date(2026, 1, 11),
-        3: date(2026, 1, 11),
-        4: date(2026, 1, 11),
-        5: None,
+        "1": date(2026, 1, 11),
+        "2": date(2026, 1, 11),
+        "3": date(2026, 1, 11),
+        "4": date(2026, 1, 11),
+        "5": None,
     }
     h.close()

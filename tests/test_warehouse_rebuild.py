@@ -54,9 +54,7 @@ def test_loads_out_of_extraction_order_rebuild_to_the_same_tables(tmp_path):
     late = h.write(
         CLAIMS, [record(CLAIMS, 2, total_claim_amount="9"), record(CLAIMS, 3), record(CLAIMS, 4)]
     )
-    snapshot = h.write(
-        CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 4, date_of_service="soon")], day=1, snapshot=True
-    )
+    snapshot = h.write(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 4, id="4")], day=1, snapshot=True)
     for path, is_snapshot in ((snapshot, True), (late, False)):
         info = Lake.info(path)
         h.wh.load(

@@ -14,22 +14,23 @@ from warehouse.normalise import normalise
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 
-# A valid JSON value per field, by the field's canonical type and its spec type.
-SAMPLE: dict[Canonical, Callable[[Field, int], object]] = {
-    Canonical.VARCHAR: lambda f, i: f"{i % 100}{f.name}"[: f.max_length or 60],
-    Canonical.BIGINT: lambda f, i: str(i) if f.type is Edm.STRING else i,
-    Canonical.DECIMAL: lambda f, i: f"{i}.5",
-    Canonical.BOOLEAN: lambda f, i: i % 2 == 0,
+# A valid JSON value per field, by the field's spec type (and its stated format).
+SAMPLE: dict[Edm | Canonical, Callable[[Field, int], object]] = {
+    Edm.STRING: lambda f, i: f"{i % 100}{f.name}"[: f.max_length or 60],
+    Edm.INT32: lambda f, i: i,
+    Edm.DECIMAL: lambda f, i: f"{i}.5",
+    Edm.BOOLEAN: lambda f, i: i % 2 == 0,
+    Edm.DATE: lambda f, i: "2026-02-01",
+    Edm.DATETIME: lambda f, i: "2026-02-01T10:00:00+01:00",
     Canonical.DATE: lambda f, i: "2026-02-01",
-    Canonical.TIMESTAMPTZ: lambda f, i: "2026-02-01T10:00:00+01:00",
     Canonical.TIME: lambda f, i: "09:30:00",
 }
 
 
 def record(entity: EntitySet, i: int, **values: object) -> dict[str, object]:
     """A complete record of `entity` with key `i` (as the spec types it), then `values`."""
-    out: dict[str, object] = {f.name: SAMPLE[f.canonical](f, i) for f in entity.fields}
-    if entity.key_field.canonical is Canonical.VARCHAR:
+    out: dict[str, object] = {f.name: SAMPLE[f.parse_as or f.type](f, i) for f in entity.fields}
+    if entity.key_field.type is Edm.STRING:
         out[entity.key] = f"{entity.table[:3]}-{i}"
     out.update(values)
     return out

@@ -99,12 +99,18 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
         },
     ),
     "rejects": (
-        "Rows that could not be normalised (kind reject) or were kept with a note (kind warning)",
+        "Notes on records as sent: rejected (kind reject: no usable key), loaded with values "
+        "kept raw (kind unfit) or loaded with a note (kind warning)",
         {
             "entity": ("VARCHAR", "Entity set name"),
             "key": ("VARCHAR", "Record key as sent, when known"),
-            "kind": ("VARCHAR", "reject: row not loaded; warning: row loaded, note only"),
-            "fields": ("VARCHAR[]", "Fields at fault"),
+            "kind": (
+                "VARCHAR",
+                "reject: row not loaded (no usable key); unfit: row loaded, the fields named "
+                "null (a date-time finer than a microsecond: cut) and their values as sent in "
+                "_extras; warning: row loaded as sent, note only",
+            ),
+            "fields": ("VARCHAR[]", "Fields at fault (unfit: the fields kept raw)"),
             "reason": ("VARCHAR", "Why, per field"),
             "raw_json": ("JSON", "The record exactly as the API sent it"),
             "run_id": ("VARCHAR", "Run that extracted the record"),

@@ -19,7 +19,7 @@ from warehouse.connection import Transaction
 from warehouse.ddl import CLINICAL, OPS
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
-from warehouse.normalise import REJECT
+from warehouse.normalise import REJECT, UNFIT
 
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
@@ -50,6 +50,7 @@ class EntityStatus:
     rows: int
     deleted: int
     rejects: int
+    unfit: int  # records loaded with a value that did not fit its column (kept in _extras)
     watermark: str | None
     last_run_id: str | None
     last_loaded_at: datetime | None
@@ -299,22 +300,24 @@ def _advance_range(con: duckdb.DuckDBPyConnection, entity: str, info: BatchInfo)
 
 
 def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[EntityStatus]:
-    """Per entity set: rows, soft-deleted rows, rejects, watermark and last load."""
+    """Per entity set: rows, soft-deleted rows, rejects, values kept raw, watermark and last
+    load."""
     out = []
     for ent in entities:
         rows, deleted = con.execute(
             f'SELECT count(*), count("_deleted_at") FROM {qualified(CLINICAL, ent.table)}'
         ).fetchone()
-        (rejects,) = con.execute(
-            'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ?',
-            [ent.name, REJECT],
+        rejects, unfit = con.execute(
+            'SELECT count(*) FILTER ("kind" = ?), count(*) FILTER ("kind" = ?) '
+            'FROM "ops"."rejects" WHERE "entity" = ?',
+            [REJECT, UNFIT, ent.name],
         ).fetchone()
         state = con.execute(
             'SELECT "watermark", "last_run_id", "last_loaded_at" FROM "ops"."sync_state" '
             'WHERE "entity" = ?',
             [ent.name],
         ).fetchone() or (None, None, None)
-        out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, *state))
+        out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, unfit, *state))
     return out
 
 
@@ -325,6 +328,17 @@ def run_rejects(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> int
         [entity, REJECT, run_id],
     ).fetchone()
     return int(count)
+
+
+def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[str, int]:
+    """Per field, the records of `entity` that run `run_id` loaded with that field's value
+    kept raw in `_extras` (it did not fit its column)."""
+    rows = con.execute(
+        'SELECT "field", count(*) FROM (SELECT unnest("fields") AS "field" FROM "ops"."rejects" '
+        'WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?) GROUP BY ALL ORDER BY ALL',
+        [entity, UNFIT, run_id],
+    ).fetchall()
+    return dict(rows)
 
 
 # -- what a merge reads and records --------------------------------------------------------

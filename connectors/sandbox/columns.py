@@ -324,8 +324,9 @@ BY_TYPE: dict[Edm, Rule] = {
 
 
 def instants_as(fld: Field, rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
-    """Seconds written as the field's own kind of time text."""
-    if fld.parse_as is Canonical.TIMESTAMPTZ:
+    """Seconds written as the field's own kind of time text (a plain string, such as
+    Prescriptions.created_at, as fixed-width UTC: text that sorts as its instants do)."""
+    if fld.type is Edm.STRING:
         return utc_instants(seconds)
     if fld.type is Edm.DATE:
         return iso_dates(seconds)
