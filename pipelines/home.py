@@ -145,8 +145,24 @@ def prepare_instance(warehouse: str | Path | None = None) -> DagsterInstance:
         opened = DagsterInstance.get()
         if url is not None:
             opened.upgrade()  # Dagster's schema migrations; nothing to do when current
+            _set_pool_limits(opened)
         opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
     return opened
+
+
+def _set_pool_limits(opened: DagsterInstance) -> None:
+    """Our pools' rows at the instance's default limit, written here, one process at a time.
+    Left to Dagster (1.13.27), the first step of each pool writes its row, and on PostgreSQL
+    two runs starting together fail there: the loser's INSERT aborts the transaction its
+    UPDATE then runs in (InFailedSqlTransaction)."""
+    from pipelines.keys import API_POOL, WAREHOUSE_POOL
+
+    default = opened.global_op_concurrency_default_limit
+    storage = opened.event_log_storage
+    current = {pool.name: pool.limit for pool in storage.get_pool_limits()}
+    for pool in (API_POOL, WAREHOUSE_POOL):
+        if default is not None and current.get(pool) != default:
+            storage.set_concurrency_slots(pool, default)
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-import psycopg
+import psycopg2
 import pytest
 
 from connectors.clinical_records.errors import ConfigError
@@ -107,8 +107,13 @@ def test_hosts_sharing_postgres_stay_within_the_keys_rate_and_burst(
     assert _worst_excess(arrivals) <= 0
     span = max(arrivals) - min(arrivals)
     assert span >= (2 * REQUESTS_PER_HOST - BURST) / RATE * 0.9  # the pair shared one rate
-    with psycopg.connect(postgres_url) as connection:
-        rows = connection.execute(f"SELECT key, state FROM {POSTGRES_TABLE}").fetchall()
+    connection = psycopg2.connect(postgres_url)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT key, state FROM {POSTGRES_TABLE}")
+            rows = cursor.fetchall()
+    finally:
+        connection.close()
     assert [key for key, _ in rows] == [key_digest(API_KEY)]  # named by a hash, never the key
     assert all(API_KEY not in state for _, state in rows)
 

@@ -214,7 +214,7 @@ class PostgresStateStore(SharedStateStore):
         super().__init__(key)
         self.url = url
         self._conn = self._connect()
-        with self._conn.transaction(), self._conn.cursor() as cursor:
+        with self._conn.cursor() as cursor:
             # CREATE TABLE IF NOT EXISTS races between sessions: one creates at a time.
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (POSTGRES_TABLE,))
             cursor.execute(
@@ -226,15 +226,14 @@ class PostgresStateStore(SharedStateStore):
                 "ON CONFLICT (key) DO NOTHING",
                 (key,),
             )
+        self._conn.commit()
 
     def _connect(self):
-        import psycopg
+        import psycopg2
 
         try:
-            return psycopg.connect(
-                self.url, autocommit=True, connect_timeout=POSTGRES_CONNECT_TIMEOUT
-            )
-        except psycopg.Error as error:
+            return psycopg2.connect(self.url, connect_timeout=POSTGRES_CONNECT_TIMEOUT)
+        except psycopg2.Error as error:
             reason = (str(error).strip().splitlines() or ["no answer"])[0].split(" failed: ")[-1]
             raise ConfigError(
                 "DAGSTER_POSTGRES_URL", f"a PostgreSQL server that answers ({reason})"
@@ -242,13 +241,21 @@ class PostgresStateStore(SharedStateStore):
 
     @contextmanager
     def _holding(self) -> Iterator[Held]:
-        if self._conn.closed or self._conn.broken:
-            self._conn = self._connect()  # the server restarted: a new session
-        with self._conn.transaction(), self._conn.cursor() as cursor:
+        if self._conn.closed:
+            self._conn = self._connect()  # the session ended (a server restart): a new one
+        cursor = self._conn.cursor()
+        try:
             cursor.execute(f"SELECT 1 FROM {POSTGRES_TABLE} WHERE key = %s FOR UPDATE", (self.key,))
             cursor.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
             (now_ms,) = cursor.fetchone()
             yield _HeldRow(cursor, self.key, int(now_ms), POSTGRES_TABLE, "%s")
+            self._conn.commit()
+        except BaseException:
+            if not self._conn.closed:
+                self._conn.rollback()
+            raise
+        finally:
+            cursor.close()
 
     def close(self) -> None:
         with self._lock:
