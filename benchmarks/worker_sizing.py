@@ -17,6 +17,7 @@ Run: nice -n 10 .venv/bin/python benchmarks/worker_sizing.py [--scale 1] [--rate
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -28,12 +29,25 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record, sandbox_process
 from benchmarks.measure import child_env
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
+from tests.deployment import (
+    base_env,
+    code_server,
+    daemon,
+    instance_home,
+    launch,
+    run_span,
+    wait_for_runs,
+    webserver,
+    workspace_file,
+)
 from tests.postgres import postgres_server
 
 # The run in its own process, its own resource use reported on its last stderr line.
@@ -188,6 +202,56 @@ def tenants_per_worker(
     }
 
 
+def deployed_run(args: argparse.Namespace, postgres_url: str) -> dict[str, float]:
+    """One tenant's first night as the daemon launches it on a code server with Dagster's
+    multiprocess executor (a process per step), as a deployment runs it: wall, CPU seconds of
+    the run and its steps (reaped into the code server's child times), peak RSS of the code
+    server's tree while the run lasts."""
+    sandbox_args = ["--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"]
+    with tempfile.TemporaryDirectory() as tmp, sandbox_process(*sandbox_args) as service:
+        root = Path(tmp)
+        env = base_env(
+            **{
+                **service,
+                "CLINICAL_RATE_LIMIT": f"{args.rate:g}",
+                "CLINICAL_BURST": str(args.burst),
+                "DAGSTER_POSTGRES_URL": postgres_url,
+                "DAGSTER_HOME": str(instance_home(root / "worker-home", postgres_url)),
+                "WAREHOUSE_PATH": str(root / "data" / "warehouse.duckdb"),
+                "LAKE_ROOT": str(root / "data" / "lake"),
+            }
+        )
+        home = instance_home(root / "instance", postgres_url)
+        with code_server("worker", env, root / "worker") as worker:
+            server = psutil.Process(worker.pid)
+            before = server.cpu_times()
+            workspace = workspace_file(root / "workspace.yaml", [worker])
+            plain = base_env(DAGSTER_POSTGRES_URL=postgres_url)
+            with daemon(home, workspace, plain), webserver(home, workspace, plain) as url:
+                run_id = launch(url, "worker", "nightly_sync")
+                peak, status = 0, "not ended in an hour"
+                deadline = time.monotonic() + 3600
+                while time.monotonic() < deadline:
+                    sizes = []
+                    for proc in [server, *server.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            sizes.append(proc.memory_info().rss)
+                    peak = max(peak, sum(sizes))
+                    with contextlib.suppress(AssertionError):
+                        status = wait_for_runs(url, [run_id], timeout=0.5)[run_id]
+                        break
+                start, end = run_span(url, run_id)
+            after = server.cpu_times()
+    if status != "SUCCESS":
+        raise SystemExit(f"the deployed run ended {status}")
+    cpu = sum(after[i] - before[i] for i in (2, 3))  # children_user, children_system
+    return {
+        "wall_seconds": round(end - start, 1),
+        "cpu_seconds": round(cpu, 1),
+        "peak_rss_mib": round(peak / (1024 * 1024), 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0)
@@ -197,6 +261,9 @@ def main() -> None:
     parser.add_argument("--worker-cores", type=float, default=2.0)
     parser.add_argument("--worker-memory-gib", type=float, default=8.0)
     parser.add_argument("--night-hours", type=float, default=6.0)
+    parser.add_argument(
+        "--deployed", action="store_true", help="also one run through the daemon (multiprocess)"
+    )
     args = parser.parse_args()
     results: dict[str, object] = {"load_average_at_start": round(os.getloadavg()[0], 1)}
     with postgres_server() as server:
@@ -217,6 +284,10 @@ def main() -> None:
     results["sizing"] = tenants_per_worker(
         nightly_of(min(args.tenants)), nightly_of(max(args.tenants)), args
     )
+    if args.deployed:
+        with postgres_server() as server:
+            results["deployed_run"] = deployed_run(args, server.database("deployed"))
+        print(f"one run launched by the daemon, multiprocess: {results['deployed_run']}")
     results["load_average_at_end"] = round(os.getloadavg()[0], 1)
     print(f"\nsizing: {json.dumps(results['sizing'])}")
     print(
