@@ -18,6 +18,7 @@ from dagster import (
     EnvVar,
     ScheduleDefinition,
     define_asset_job,
+    multi_or_in_process_executor,
 )
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
@@ -31,6 +32,7 @@ from pipelines.keys import (
     DOCUMENTS_JOB,
     FULL_JOB,
     NIGHTLY_JOB,
+    POOL_TAG,
     PUBLISHED_KEY,
     lake_key,
     table_key,
@@ -129,6 +131,25 @@ nightly_schedule = ScheduleDefinition(
     description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
 )
 
+# Within one run, one step of each pool at a time (one extraction on the run's API key, one
+# DuckDB writer on its warehouse); across runs the instance's pool limits hold (dagster.yaml).
+# Dagster's default executor, its launchpad options kept (`in_process` too), with that limit
+# added to `multiprocess` unless the run sets its own.
+ONE_STEP_PER_POOL = [{"key": POOL_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+
+
+def _one_step_per_pool(config: dict) -> dict:
+    if "multiprocess" not in config:
+        return config
+    return {"multiprocess": {"tag_concurrency_limits": ONE_STEP_PER_POOL, **config["multiprocess"]}}
+
+
+executor = multi_or_in_process_executor.configured(
+    _one_step_per_pool,
+    config_schema=multi_or_in_process_executor.config_schema,
+    name=multi_or_in_process_executor.name,
+)
+
 defs = Definitions(
     assets=[*ASSETS, PUBLISHED],
     asset_checks=build_reference_checks(),
@@ -136,4 +157,5 @@ defs = Definitions(
     schedules=[nightly_schedule],
     sensors=[mark_failed_runs],
     resources=resources(),
+    executor=executor,
 )

@@ -11,12 +11,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NoReturn
 
-import httpx
 import pytest
 
 from connectors.clinical_records.catalogue import BY_TABLE, DOCUMENTS, ENTITY_SETS
 from pipelines.definitions import defs
 from pipelines.keys import NIGHTLY_JOB, table_key
+from tests.deployment import LAUNCH, STATUS, graphql
 from tests.dev_server import dev_server
 
 pytestmark = [pytest.mark.ui, pytest.mark.e2e]
@@ -26,25 +26,6 @@ CHROMIUM = Path(os.environ.get("CLINICAL_CHROMIUM", "/usr/bin/chromium"))
 ARTEFACTS = Path(os.environ.get("CLINICAL_UI_ARTEFACTS", ROOT / "artefacts" / "ui"))
 LOCATION, REPOSITORY = "pipelines.definitions", "__repository__"
 WAIT_MS = 30_000
-
-LAUNCH = """
-mutation Launch($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}"""
-STATUS = "query Status($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
-
-
-def graphql(url: str, query: str, variables: dict) -> dict:
-    response = httpx.post(
-        f"{url}/graphql", json={"query": query, "variables": variables}, timeout=60
-    )
-    response.raise_for_status()
-    return response.json()["data"]
 
 
 def run_job(url: str, job: str, timeout: float = 600.0) -> str:

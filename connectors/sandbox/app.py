@@ -263,6 +263,9 @@ class Sandbox(DocumentEndpoints):
                     return json_response(self.store.ground_truth())
             if action == "stats":
                 return json_response(self.stats())
+            if action == "arrivals":  # when the presented key's requests arrived, in seconds
+                key = request.headers["x-api-key"]
+                return json_response(list(self.limiter.arrivals.get(key, [])))
             if action == "changes":
                 with self.store.lock:
                     return json_response([c.as_dict() for c in self.store.changes])
