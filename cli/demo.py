@@ -10,7 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from cli.commands import format_table, status_table, terminal_progress
+from cli import exit_codes
+from cli.commands import format_table, status_text, terminal_progress
 from pipelines import home
 from warehouse.private import private_dir
 from warehouse.publish import working_path
@@ -102,7 +103,7 @@ def demo(args: argparse.Namespace) -> int:
         "   (hard deletes are found every run; updates to Patients and Prescriptions and changes\n"
         "   to InsuranceVerifications arrive with the periodic snapshot: `sync --full`)"
     )
-    _say(status_table(warehouse_status(warehouse)))
+    _say(status_text(warehouse_status(warehouse)))
     with duckdb.connect(str(warehouse), read_only=True) as con:
         _say("\n6. analytics.prescription_claims by category:")
         result = con.execute(ANALYTICS_QUERY)
@@ -119,7 +120,7 @@ def demo(args: argparse.Namespace) -> int:
         f"{warehouse} make dev\n"
         f"  {warehouse}   the demo's DuckDB file (schemas clinical, analytics, ops)"
     )
-    return 0
+    return exit_codes.EXACT if full.exact and nightly.exact else exit_codes.NOT_EXACT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
