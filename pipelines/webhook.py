@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from connectors.clinical_records.errors import ConfigError
-from connectors.clinical_records.settings import is_loopback, read_dotenv
+from connectors.clinical_records.settings import is_secure, read_dotenv
 
 WEBHOOK_VARIABLE = "CLINICAL_ALERT_WEBHOOK"
 EXPECTED = "an https:// URL of an incoming webhook (http:// only for 127.0.0.0/8, ::1 or localhost)"
@@ -90,8 +90,6 @@ def webhook_from_env(env: Mapping[str, str], dotenv: Path | None = Path(".env"))
         host = parts.hostname or ""
     except ValueError:
         raise ConfigError(WEBHOOK_VARIABLE, EXPECTED) from None
-    if parts.scheme not in ("https", "http") or not host:
-        raise ConfigError(WEBHOOK_VARIABLE, EXPECTED)
-    if parts.scheme == "http" and not is_loopback(host):
+    if not is_secure(parts.scheme, host):
         raise ConfigError(WEBHOOK_VARIABLE, EXPECTED)
     return Webhook(text)
