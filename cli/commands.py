@@ -75,7 +75,9 @@ def sync(args: argparse.Namespace) -> int:
     verdict = report.verdict
     if verdict is None or verdict.exact:
         return exit_codes.EXACT
-    lines = [f"clinical-sync: run {report.run_id[:8]} is NOT EXACT (exit status 3)"]
+    lines = [
+        f"clinical-sync: run {report.run_id[:8]} is NOT EXACT (exit status {exit_codes.NOT_EXACT})"
+    ]
     for ending in verdict.not_exact:
         names = ", ".join(c.name for c in ending.failed)
         lines.append(f"  {ending.entity}: may differ by {ending.unreconciled:,}; failed {names}")
