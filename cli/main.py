@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import date
 
+from cli import exit_codes
 from cli.documents import add_parser as _add_documents
 
 Command = Callable[[argparse.Namespace], int]
@@ -180,7 +181,13 @@ def _check_sync(args: argparse.Namespace) -> str | None:
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="per entity set: rows, rejects, watermark, last run")
+    p = sub.add_parser(
+        "status",
+        help="per entity set: rows, rejects, watermark, last run and whether it ended exact",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object for scripts (README: status)"
+    )
     p.set_defaults(func=_lazy("cli.commands", "status"))
 
 
@@ -298,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except _operator_errors() as error:
         print("\n".join(_config_lines(error)), file=sys.stderr)
-        return 2
+        return exit_codes.CONFIG
     except Exception as error:  # anything else: a few lines here, the trace in a log file
         if getattr(args, "verbose", False):
             raise
@@ -309,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"{args.command} failed"
         lines = cli_log.explain(what, f"{type(error).__name__}: {error}", None, log)
         print("\n".join(lines), file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
+    AssetCheckSeverity,
     AssetExecutionContext,
     AssetIn,
     AssetKey,
@@ -82,7 +83,8 @@ from sync.strategy import Mode, Options, Plan, plan
 from warehouse import quality
 from warehouse.ddl import ANALYTICS
 from warehouse.ident import qualified
-from warehouse.load import LoadResult, Warehouse
+from warehouse.load import LoadResult, SetResult, Warehouse
+from warehouse.ops import UNRECONCILED
 from warehouse.publish import publish
 
 # Connector counters -> metadata labels the UI plots run over run.
@@ -120,7 +122,7 @@ def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
     return {
         "reconciled": reconciliation.reconciled,
         "reconcile_requests": reconciliation.requests,
-        "unreconciled": reconciliation.unreconciled,
+        UNRECONCILED: reconciliation.unreconciled,
     }
 
 
@@ -310,15 +312,6 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             if needs_whole(entity):
                 hours = staleness_hours(covered_since(wh.con, entity), datetime.now(UTC))
             stale = {"source_staleness_hours": staleness_figure(hours)}
-            wh.add_to_run(
-                context.run.run_id,
-                _selected_entities(context),
-                result,
-                full_snapshot=sync_options.full,
-                reconciled=run_figures(extraction.reconciliation),
-                staleness_hours=stale["source_staleness_hours"],
-                started_at=run_started_at(context.instance, context.run.run_id),
-            )
             results = checks.table_check_results(
                 wh.con,
                 entity,
@@ -332,12 +325,33 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
             rows = quality.live_rows(wh.con, entity)
+            ended = SetResult(
+                entity.name,
+                extraction.mode,
+                rows,
+                extraction.reconciliation.unreconciled,
+                failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
+                warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
+                staleness_hours=stale["source_staleness_hours"] if needs_whole(entity) else None,
+            )
+            with wh.transaction():  # the run's figures and how the set ended, together
+                wh.add_to_run(
+                    context.run.run_id,
+                    _selected_entities(context),
+                    result,
+                    full_snapshot=sync_options.full,
+                    reconciled=run_figures(extraction.reconciliation),
+                    staleness_hours=stale["source_staleness_hours"],
+                    started_at=run_started_at(context.instance, context.run.run_id),
+                )
+                wh.record_set_result(context.run.run_id, ended)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata={
                 "mode": extraction.mode,
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
+                **run_figures(extraction.reconciliation),  # `unreconciled` among them
                 **extraction.reconciliation.figures(),
                 **stale,
                 "watermark": watermark or "",

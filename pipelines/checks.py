@@ -10,9 +10,10 @@ table, which the instance's daemon evaluates (no sensor, no check step).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import duckdb
 from dagster import (
@@ -43,6 +44,7 @@ UNFIT = "values_fit_columns"
 RECONCILED = "reconciled_with_source"
 STALENESS = "read_whole_recently"
 FRESH_WITHIN = timedelta(hours=26)
+R = TypeVar("R")
 
 
 def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
@@ -88,6 +90,22 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             ),
         ),
     ]
+
+
+def failing(results: Iterable[R], severity: AssetCheckSeverity) -> list[R]:
+    """The checks among `results` (results, or outcomes read back from a run's events) that
+    failed at `severity`. One failed at ERROR makes its set, and its run, not exact,
+    whichever check it is and wherever it was evaluated."""
+    return [r for r in results if not r.passed and _severity(r) == severity.value]
+
+
+def failed_names(results: Iterable[Any], severity: AssetCheckSeverity) -> tuple[str, ...]:
+    return tuple(str(r.check_name) for r in failing(results, severity))
+
+
+def _severity(result: Any) -> str:
+    """A result's severity as its name: an enum in a result, a string in an outcome."""
+    return getattr(result.severity, "value", result.severity)
 
 
 def staleness_result(hours: float, threshold: float) -> AssetCheckResult:

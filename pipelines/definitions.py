@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dagster import (
     AssetSelection,
+    DagsterInvalidDefinitionError,
     DefaultScheduleStatus,
     Definitions,
     EnvVar,
@@ -24,6 +25,7 @@ from dagster import (
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home
+from pipelines.alerts import alert_failed_runs, alert_inexact_runs
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
 from pipelines.checks import with_freshness
 from pipelines.documents_asset import patient_document_content
@@ -45,10 +47,12 @@ from pipelines.resources import (
 )
 from pipelines.run_failures import mark_failed_runs
 from pipelines.table_schemas import with_column_schemas
+from pipelines.webhook import webhook_from_env
 from sync.budget import BUDGET_VARIABLE
 from warehouse.private import private_umask
 
 NIGHTLY_CRON = "0 2 * * *"
+CRON_VARIABLE = "CLINICAL_NIGHTLY_CRON"
 
 # The code location's processes (code server, run and step workers) write the warehouse, the
 # lake and Dagster's storage: every file they create is owner-only, whatever the umask.
@@ -122,14 +126,32 @@ backfill_range = define_asset_job(
     config=_options(backfill_from="YYYY-MM-DD", backfill_to="YYYY-MM-DD"),
     description="Re-read a date range of the sets with a cursor; the nightly watermark stays",
 )
-nightly_schedule = ScheduleDefinition(
-    name="nightly_sync_schedule",
-    job=nightly_sync,
-    cron_schedule=NIGHTLY_CRON,
-    execution_timezone=timezone(),
-    default_status=DefaultScheduleStatus.STOPPED,
-    description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
-)
+
+
+def schedule() -> ScheduleDefinition:
+    """The nightly sync at CLINICAL_NIGHTLY_CRON (five cron fields; 02:00 when unset) in
+    CLINICAL_TIMEZONE."""
+    cron = (os.environ.get(CRON_VARIABLE) or "").strip() or NIGHTLY_CRON
+    zone = timezone()
+    try:
+        return ScheduleDefinition(
+            name="nightly_sync_schedule",
+            job=nightly_sync,
+            cron_schedule=cron,
+            execution_timezone=zone,
+            default_status=DefaultScheduleStatus.STOPPED,
+            description=(
+                f"The nightly sync at {cron} (CLINICAL_NIGHTLY_CRON) in {zone} (CLINICAL_TIMEZONE)"
+            ),
+        )
+    except DagsterInvalidDefinitionError:
+        raise ConfigError(
+            CRON_VARIABLE, "a cron expression of five fields, such as 0 2 * * *"
+        ) from None
+
+
+nightly_schedule = schedule()
+webhook_from_env(os.environ)  # a malformed CLINICAL_ALERT_WEBHOOK stops the code location here
 
 # Within one run, one step of each pool at a time (one extraction on the run's API key, one
 # DuckDB writer on its warehouse); across runs the instance's pool limits hold (dagster.yaml).
@@ -155,7 +177,7 @@ defs = Definitions(
     asset_checks=build_reference_checks(),
     jobs=[nightly_sync, full_resync, documents_sync, backfill_range],
     schedules=[nightly_schedule],
-    sensors=[mark_failed_runs],
+    sensors=[mark_failed_runs, alert_failed_runs, alert_inexact_runs],
     resources=resources(),
     executor=executor,
 )

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
+from dagster import AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from connectors.clinical_records.catalogue import (
     ALL_ENTITIES,
-    BY_TABLE,
     DOCUMENTS,
     EntitySet,
     entity,
@@ -26,6 +25,7 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines import keys
+from pipelines.alerts import conclude
 from pipelines.assets import build_reference_checks, build_sync_assets
 from pipelines.documents_asset import CONTENT_KEY, patient_document_content
 from pipelines.keys import lake_key, table_key
@@ -37,6 +37,17 @@ from pipelines.resources import (
     WarehouseResource,
 )
 from pipelines.run_failures import first_failure, mark_failed, root_failures
+from pipelines.verdict import (
+    CheckOutcome,
+    Verdict,
+    check_outcomes,
+    died,
+    kind_and_reason,
+    set_figures,
+    values,
+    verdict,
+)
+from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from sync.budget import BUDGET_VARIABLE, parse_budget
 
 log = logging.getLogger(__name__)
@@ -59,15 +70,6 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    table: str
-    name: str
-    passed: bool
-    severity: str
-    metadata: dict[str, object]
-
-
 @dataclass
 class SyncReport:
     """Per entity set, the load's metadata; and the run as a whole."""
@@ -81,6 +83,12 @@ class SyncReport:
     failure_kind: str | None = None  # the error class underneath, e.g. AuthenticationError
     failure_reason: str | None = None  # its message, for the operator
     failed_steps: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None  # exact, not exact or failed: the exit status says which
+    alert: Delivery | None = None  # the run's message, when one was sent or tried
+
+    @property
+    def exact(self) -> bool:
+        return self.verdict is not None and self.verdict.exact
 
     def failed_checks(self) -> list[CheckOutcome]:
         return [c for c in self.checks if not c.passed]
@@ -128,12 +136,31 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def check_configuration(env: Mapping[str, str]) -> Webhook | None:
+    """Every setting a run reads, validated before it starts: one ConfigError naming each
+    variable that is missing or wrong. Returns where alerts go (None: nowhere)."""
+    problems: list[ConfigError] = []
+    webhook = None
+    try:
+        settings = Settings.from_env(env)
+        parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)
+    except ConfigError as error:
+        problems.extend(getattr(error, "problems", [error]))
+    try:
+        webhook = webhook_from_env(env)
+    except ConfigError as error:
+        problems.append(error)
+    if problems:
+        raise ConfigError.combine(problems)
+    return webhook
+
+
 def resources_from_env(
     env: Mapping[str, str], lake_root: str, warehouse_path: str, **options: object
 ) -> dict[str, object]:
     """Resources for an in-process run; the environment is validated first (ConfigError)."""
+    check_configuration(env)
     settings = Settings.from_env(env)
-    parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)  # a bad value fails now
     return {
         "clinical_api": ClinicalApiResource.from_settings(settings),
         "lake": LakeResource(root=str(lake_root)),
@@ -181,17 +208,25 @@ def sync(
     instance: DagsterInstance | None = None,
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
+    tenant: str | None = None,
 ) -> SyncReport:
-    """Materialize the selected assets (and their checks) once; return what each set did."""
+    """Materialize the selected assets (and their checks) once; return what each set did.
+    A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
+    (`pipelines/alerts.py`: this process concludes the runs it executes)."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
     resources = resources_from_env(env, lake_root, warehouse_path, **options)
+    webhook = webhook_from_env(env)
     if instance is not None:
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
+            orphan = instance.get_run_by_id(run_id)
+            job_name = orphan.job_name if orphan is not None else "?"
+            ending = died(run_id, job_name, "its clinical-sync process ended without finishing")
+            conclude(ending, warehouse=warehouse_path, webhook=webhook, instance=instance)
     started = time.monotonic()
     job = (
         keys.BACKFILL_JOB
@@ -210,38 +245,34 @@ def sync(
         selection=selection(resolve(only)),
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
-    for event in result.get_asset_materialization_events():
-        key: AssetKey = event.asset_key
-        if key.path[0] != keys.CLINICAL_GROUP or key.path[-1] not in BY_TABLE:
-            continue
-        figures = _values(event.materialization.metadata)
-        report.entities[BY_TABLE[key.path[-1]].name] = figures
-    for evaluation in result.get_asset_check_evaluations():
-        report.checks.append(
-            CheckOutcome(
-                table=evaluation.asset_key.path[-1],
-                name=evaluation.check_name,
-                passed=evaluation.passed,
-                severity=evaluation.severity.value,
-                metadata=_values(evaluation.metadata),
-            )
-        )
-    order = [e.name for e in ALL_ENTITIES]
-    report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
+    loaded = set_figures(result.all_events)
+    report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
+    report.checks = check_outcomes(result.all_events)
     report.failure = _failure(result, warehouse_path, env, instance)
     failures = root_failures(result.all_events)
     report.failed_steps = [step for step, _ in failures]
     if failures:
-        report.failure_kind, report.failure_reason = _kind_and_reason(failures[0][1])
+        report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
+    report.verdict, report.alert = _conclude(result, job, warehouse_path, env, instance, tenant)
     return report
 
 
-def _kind_and_reason(error: Any) -> tuple[str, str]:
-    """`AuthenticationError`, `token request refused ...` from a serialized error."""
-    kind = error.cls_name or "Error"
-    message = error.message.strip()
-    head, _, rest = message.partition(": ")
-    return kind, rest if head.rsplit(".", 1)[-1] == kind and rest else message
+def _conclude(
+    result: Any,
+    job: str,
+    warehouse_path: str,
+    env: Mapping[str, str],
+    instance: DagsterInstance | None,
+    tenant: str | None,
+) -> tuple[Verdict, Delivery | None]:
+    """How the run ended, and its message when it failed or is not exact: this process
+    executed it, so this process tells (the daemon's sensors leave it alone)."""
+    ending = verdict(result.run_id, job, result.success, result.all_events)
+    webhook = webhook_from_env(env)
+    delivery = conclude(
+        ending, warehouse=warehouse_path, webhook=webhook, instance=instance, tenant=tenant
+    )
+    return ending, delivery
 
 
 @dataclass
@@ -250,6 +281,8 @@ class DocumentsRun:
     success: bool
     figures: dict[str, object]
     failure: str | None = None
+    verdict: Verdict | None = None
+    alert: Delivery | None = None
 
 
 def sync_documents(
@@ -278,9 +311,10 @@ def sync_documents(
     )
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
-        figures.update(_values(event.materialization.metadata))
+        figures.update(values(event.materialization.metadata))
     failure = _failure(result, warehouse_path, env, instance)
-    return DocumentsRun(result.run_id, result.success, figures, failure)
+    ending, delivery = _conclude(result, keys.DOCUMENTS_JOB, warehouse_path, env, instance, None)
+    return DocumentsRun(result.run_id, result.success, figures, failure, ending, delivery)
 
 
 def _materialize(
@@ -322,8 +356,3 @@ def _failure(
     started = run_started_at(instance, result.run_id) if instance is not None else None
     mark_failed(warehouse_path, result.run_id, failure, env, started)
     return failure
-
-
-def _values(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Dagster metadata entries as plain values."""
-    return {name: value.value for name, value in metadata.items()}

@@ -1,4 +1,4 @@
-"""Shared by the connector tests: settings for a sandbox, ids read, ground truth."""
+"""Shared by the connector tests: settings for a sandbox, ids read, ground truth, tokens issued."""
 
 from __future__ import annotations
 
@@ -48,3 +48,18 @@ def acquire_together(limiters: Sequence[AdaptiveLimiter], each: int) -> float:
     for thread in threads:
         thread.join()
     return time.monotonic() - started
+
+
+def record_tokens(server: SandboxServer) -> list[str]:
+    """Every access token the sandbox issues from now on (the test reads its own sandbox)."""
+    issued: list[str] = []
+    service = server.sandbox.tokens
+    issue = service.issue
+
+    def issue_and_note(form):
+        body = issue(form)
+        issued.append(str(body["access_token"]))
+        return body
+
+    service.issue = issue_and_note  # type: ignore[method-assign]
+    return issued

@@ -27,20 +27,40 @@ ROOT = Path(__file__).resolve().parents[1]
 defs = definitions.defs
 
 
-def test_dagster_definitions_validate_passes():
-    # As on a fresh clone: no DAGSTER_HOME, so Dagster reads ./dagster.yaml from the root.
+def validate(**settings: str) -> subprocess.CompletedProcess:
+    """`dagster definitions validate` as on a fresh clone: no DAGSTER_HOME, so Dagster reads
+    ./dagster.yaml from the root."""
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     cli = Path(sys.executable).with_name("dagster")
-    done = subprocess.run(
+    return subprocess.run(
         [str(cli), "definitions", "validate", "-m", "pipelines.definitions"],
         cwd=ROOT,
-        env=env,
+        env={**env, **settings},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_dagster_definitions_validate_passes():
+    done = validate()
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Validation successful" in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("CLINICAL_ALERT_WEBHOOK", "http://hooks.example.com/T0/B0/secret-part"),
+        ("CLINICAL_NIGHTLY_CRON", "every night"),
+    ],
+)
+def test_a_bad_webhook_or_schedule_stops_the_code_location_naming_the_variable(variable, value):
+    done = validate(**{variable: value})
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert f"{variable}: expected" in output
+    assert "secret-part" not in output  # the value is never shown
 
 
 def test_one_extraction_and_one_table_per_entity_set_and_the_models():
@@ -80,7 +100,8 @@ def test_jobs_schedule_and_sensor_exist():
     assert schedule.cron_schedule == "0 2 * * *"
     assert schedule.job_name == "nightly_sync"
     assert schedule.execution_timezone == "UTC"
-    assert defs.resolve_sensor_def("mark_failed_runs").default_status.value == "RUNNING"
+    for sensor in ("mark_failed_runs", "alert_failed_runs", "alert_inexact_runs"):
+        assert defs.resolve_sensor_def(sensor).default_status.value == "RUNNING"
 
 
 def test_checks_exist_for_every_table():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date
 from decimal import Decimal
 
@@ -18,6 +19,7 @@ from connectors.clinical_records.catalogue import (
     PRESCRIPTIONS,
 )
 from tests.warehouse_records import Harness, record
+from warehouse.load import LoadResult, SetResult
 
 
 @pytest.fixture
@@ -121,6 +123,7 @@ def linked(tmp_path):
         "02_prescription_verifications",
         "03_prescription_summary",
         "04_broken_references",
+        "05_sync_health",
     ]
     yield h
     h.close()
@@ -214,4 +217,53 @@ def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path,
         "4": date(2026, 1, 11),
         "5": None,
     }
+    h.close()
+
+
+def test_sync_health_and_status_show_each_sets_last_run_and_the_run_its_flag(tmp_path):
+    """A set's last recorded result wins; a run is exact while every set it loaded is, and a
+    failed run is not exact whatever its sets said."""
+    h = Harness(tmp_path)
+    claims = SetResult(CLAIMS.name, "snapshot", 4, 0)
+    wrong = SetResult(
+        INSURANCE_VERIFICATIONS.name,
+        "snapshot",
+        20,
+        9,
+        failed_checks=("reconciled_with_source",),
+        warned_checks=("read_whole_recently",),
+        staleness_hours=30.5,
+    )
+    for run_id, results in (("run-1", [claims, wrong]), ("run-2", [claims])):
+        for result in results:
+            with h.wh.transaction():
+                h.wh.add_to_run(run_id, [result.entity], LoadResult())
+                h.wh.record_set_result(run_id, result)
+    h.wh.record_set_result("run-2", claims)  # a step tried again: still one row
+    h.wh.fail_run("run-3", "extract_patients: refused")
+    h.wh.refresh_models()
+    health = {
+        r[0]: r[1:]
+        for r in h.rows(
+            "SELECT entity, exact, unreconciled, failed_checks, warned_checks, staleness_hours, "
+            "run_id FROM analytics.sync_health"
+        )
+    }
+    assert health == {
+        "Claims": (True, 0, [], [], None, "run-2"),
+        "InsuranceVerifications": (
+            False,
+            9,
+            ["reconciled_with_source"],
+            ["read_whole_recently"],
+            30.5,
+            "run-1",
+        ),
+    }
+    runs = dict(h.rows('SELECT "run_id", "exact" FROM "ops"."sync_runs"'))
+    assert runs == {"run-1": False, "run-2": True, "run-3": False}
+    states = {s.entity: s.last_result for s in h.wh.status()}
+    ended = states["InsuranceVerifications"]
+    assert ended == replace(wrong, run_id="run-1", recorded_at=ended.recorded_at)
+    assert states["Patients"] is None and states["Claims"].exact
     h.close()

@@ -26,8 +26,10 @@ CLINICAL, HISTORY, OPS, ANALYTICS = "clinical", "history", "ops", "analytics"
 SCHEMAS: dict[str, str] = {
     CLINICAL: "Current state of every entity set, one row per record, soft deletes marked",
     HISTORY: "Type-2 history: every version of every record the syncs have seen",
-    OPS: "Sync bookkeeping: watermarks, runs, rejected rows, loaded batches, source",
-    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded)",
+    OPS: "Sync bookkeeping: watermarks, runs and how each set ended, rejected rows, loaded "
+    "batches, source",
+    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded) and "
+    "how each set's last run ended (sync_health)",
 }
 
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
@@ -96,6 +98,40 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
                 "Records by which a set's count still differed from the source when the "
                 "reconciliation budget ran out (0: every set ended equal to the source)",
             ),
+            "exact": (
+                "BOOLEAN",
+                "Every set the run loaded ended equal to the source by its own checks (no "
+                "check of severity ERROR failed; ops.set_results says which did); false for a "
+                "failed run, null while running",
+            ),
+        },
+    ),
+    "set_results": (
+        "One row per run and entity set: how the set ended, recorded with its checks right "
+        "after its load (`clinical-sync status` and analytics.sync_health read it)",
+        {
+            "run_id": ("VARCHAR", "Run that loaded the set"),
+            "entity": ("VARCHAR", "Entity set name as the spec writes it"),
+            "recorded_at": ("TIMESTAMPTZ", "When the set's load and checks finished"),
+            "mode": ("VARCHAR", "What the run read: snapshot, incremental, range, backfill, skip"),
+            "exact": (
+                "BOOLEAN",
+                "The set ended equal to the source by its own checks: none of severity ERROR "
+                "failed",
+            ),
+            "unreconciled": (
+                "BIGINT",
+                "Records by which the set may differ from the source after the run (what "
+                "reconciliation could not settle within its budget; 0 when it settled all)",
+            ),
+            "failed_checks": ("VARCHAR[]", "Checks of severity ERROR that failed"),
+            "warned_checks": ("VARCHAR[]", "Checks of severity WARN that failed"),
+            "staleness_hours": (
+                "DOUBLE",
+                "For a set without updated_at: hours since every record of it was last read "
+                "(-1: never read whole); null for the sets whose updates every run reads",
+            ),
+            "live_rows": ("BIGINT", "Rows of the set not soft-deleted after the load"),
         },
     ),
     "rejects": (

@@ -25,10 +25,18 @@ from warehouse.connection import Transaction, connect, memory_limit, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
 from warehouse.merge import Merge
-from warehouse.ops import EntityStatus, LoadResult
+from warehouse.ops import EntityStatus, LoadResult, SetResult
 from warehouse.private import make_private, private_dir
 
-__all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
+__all__ = [
+    "EntityStatus",
+    "LoadResult",
+    "SetResult",
+    "SourceMismatch",
+    "Warehouse",
+    "WarehouseLocked",
+    "status",
+]
 
 
 P = ParamSpec("P")
@@ -120,7 +128,7 @@ class Warehouse:
         """Create or replace the analytics views from `warehouse/sql/*.sql`, in name order."""
         folder = resources.files("warehouse") / "sql"
         scripts = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str)
-        with self._transaction():
+        with self.transaction():
             for script in scripts:
                 self.con.execute(script.read_text(encoding="utf-8"))
         return [Path(str(s)).stem for s in scripts]
@@ -139,13 +147,14 @@ class Warehouse:
                 "WAREHOUSE_PATH, or sync --force to adopt the new source"
             )
         if row != (base_url, customer):
-            with self._transaction():
+            with self.transaction():
                 ops.record_source(self.con, base_url, customer)
 
     record_run = _on_con(ops.record_run)
     finish_run = _on_con(ops.finish_run)
     add_to_run = _on_con(ops.add_to_run)
     fail_run = _on_con(ops.fail_run)
+    record_set_result = _on_con(ops.record_set_result)
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         return ops.watermark(self.con, self.entity(entity).name)
@@ -176,7 +185,7 @@ class Warehouse:
         for info in infos:
             if info.table != ent.table:
                 raise ValueError(f"batch of {info.entity} given to the load of {ent.name}")
-        with self._transaction():
+        with self.transaction():
             result = Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             ops.write_state(self.con, ent.name, run_id, infos, snapshot, watermark)
             if result:
@@ -184,7 +193,8 @@ class Warehouse:
                 vacuum.set_for_commit(self.con, ddl.CLINICAL, ent.table, appended)
         return result or LoadResult()
 
-    def _transaction(self) -> Transaction:
+    def transaction(self) -> Transaction:
+        """`with wh.transaction():` the block's statements commit together, or none."""
         return Transaction(self.con)
 
 

@@ -24,7 +24,8 @@ from warehouse.normalise import REJECT, UNFIT
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
 # What the extractions' reconciliation found and spent, summed per run as well.
-RECONCILE_FIGURES = ("reconciled", "reconcile_requests", "unreconciled")
+UNRECONCILED = "unreconciled"  # records by which a set may differ from the source
+RECONCILE_FIGURES = ("reconciled", "reconcile_requests", UNRECONCILED)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,26 @@ class LoadResult:
 
 
 @dataclass(frozen=True)
+class SetResult:
+    """How one entity set ended in one run, as its load's checks found it."""
+
+    entity: str
+    mode: str
+    live_rows: int
+    unreconciled: int  # records by which the set may differ from the source
+    failed_checks: tuple[str, ...] = ()  # severity ERROR
+    warned_checks: tuple[str, ...] = ()  # severity WARN
+    staleness_hours: float | None = None  # sets without updated_at only
+    run_id: str = ""
+    recorded_at: datetime | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Equal to the source by its own checks: no check of severity ERROR failed."""
+        return not self.failed_checks
+
+
+@dataclass(frozen=True)
 class EntityStatus:
     entity: str
     table: str
@@ -54,6 +75,7 @@ class EntityStatus:
     watermark: str | None
     last_run_id: str | None
     last_loaded_at: datetime | None
+    last_result: SetResult | None = None  # None before the set's first recorded result
 
 
 # -- schema version ------------------------------------------------------------------------
@@ -173,15 +195,76 @@ def add_to_run(
 def fail_run(
     con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None = None
 ) -> None:
-    """Mark a run failed, keeping what its finished loads recorded; a run that failed
-    before its first load gets a row of its own. One transaction of its own."""
+    """Mark a run failed (and so not exact), keeping what its finished loads recorded; a run
+    that failed before its first load gets a row of its own. One transaction of its own."""
     with Transaction(con):
         _ensure_run(con, run_id, [], started_at=started_at)
         con.execute(
-            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
-            'WHERE "run_id" = ?',
+            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ?, '
+            '"exact" = false WHERE "run_id" = ?',
             [FAILED, message, run_id],
         )
+
+
+SET_RESULT_COLUMNS = (
+    "run_id",
+    "entity",
+    "mode",
+    "exact",
+    UNRECONCILED,
+    "failed_checks",
+    "warned_checks",
+    "staleness_hours",
+    "live_rows",
+)
+
+
+def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetResult) -> None:
+    """How a set ended in `run_id`, replacing what an earlier attempt of the same step
+    recorded; the run is exact while each of its sets is. The caller owns the transaction
+    (the load step's figures and this commit together)."""
+    con.execute(
+        'DELETE FROM "ops"."set_results" WHERE "run_id" = ? AND "entity" = ?',
+        [run_id, result.entity],
+    )
+    values = {
+        **{name: getattr(result, name) for name in SET_RESULT_COLUMNS if name != "run_id"},
+        "run_id": run_id,
+        "failed_checks": list(result.failed_checks),
+        "warned_checks": list(result.warned_checks),
+    }
+    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    marks = ", ".join("?" for _ in SET_RESULT_COLUMNS)
+    con.execute(
+        f'INSERT INTO "ops"."set_results" ({names}, "recorded_at") VALUES ({marks}, now())',
+        [values[name] for name in SET_RESULT_COLUMNS],
+    )
+    con.execute(
+        'UPDATE "ops"."sync_runs" SET "exact" = NOT EXISTS (SELECT 1 FROM "ops"."set_results" '
+        'WHERE "run_id" = ? AND NOT "exact") WHERE "run_id" = ? AND "status" <> ?',
+        [run_id, run_id, FAILED],
+    )
+
+
+def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
+    """Per entity set, how its last recorded run ended; empty for a warehouse made before
+    results were recorded."""
+    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    try:
+        rows = con.execute(
+            f'SELECT {names}, "recorded_at" FROM "ops"."set_results" '
+            'QUALIFY row_number() OVER (PARTITION BY "entity" ORDER BY "recorded_at" DESC) = 1'
+        ).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    found = {}
+    for row in rows:
+        values = dict(zip((*SET_RESULT_COLUMNS, "recorded_at"), row, strict=True))
+        values.pop("exact")  # derived from the failed checks
+        values["failed_checks"] = tuple(values["failed_checks"] or ())
+        values["warned_checks"] = tuple(values["warned_checks"] or ())
+        found[values["entity"]] = SetResult(**values)
+    return found
 
 
 def _ensure_run(
@@ -300,8 +383,9 @@ def _advance_range(con: duckdb.DuckDBPyConnection, entity: str, info: BatchInfo)
 
 
 def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[EntityStatus]:
-    """Per entity set: rows, soft-deleted rows, rejects, values kept raw, watermark and last
-    load."""
+    """Per entity set: rows, soft-deleted rows, rejects, values kept raw, watermark, last load
+    and how the set's last run ended."""
+    results = last_set_results(con)
     out = []
     for ent in entities:
         rows, deleted = con.execute(
@@ -317,7 +401,11 @@ def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> lis
             'WHERE "entity" = ?',
             [ent.name],
         ).fetchone() or (None, None, None)
-        out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, unfit, *state))
+        out.append(
+            EntityStatus(
+                ent.name, ent.table, rows, deleted, rejects, unfit, *state, results.get(ent.name)
+            )
+        )
     return out
 
 

@@ -144,6 +144,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_secure(scheme: str, host: str) -> bool:
+    """HTTPS, or plain http to a loopback host (the sandbox): every URL we call follows it."""
+    return bool(host) and (scheme == "https" or (scheme == "http" and is_loopback(host)))
+
+
 def _url(values: Mapping[str, str], name: str) -> str:
     """HTTPS only; plain http for loopback hosts alone (the sandbox)."""
     expected = "an https:// URL (http:// only for 127.0.0.0/8, ::1 or localhost)"
@@ -153,9 +158,7 @@ def _url(values: Mapping[str, str], name: str) -> str:
         host = parts.hostname or ""
     except ValueError:
         raise ConfigError(name, expected) from None
-    if parts.scheme not in ("https", "http") or not host or parts.query or parts.fragment:
-        raise ConfigError(name, expected)
-    if parts.scheme == "http" and not is_loopback(host):
+    if not is_secure(parts.scheme, host) or parts.query or parts.fragment:
         raise ConfigError(name, expected)
     return text.rstrip("/")
 
