@@ -31,6 +31,7 @@ STATUS_KEYS = {
     "rows",
     "deleted",
     "rejects",
+    "kept_raw",
     "watermark",
     "last_run_id",
     "last_loaded_at",
