@@ -18,6 +18,24 @@ def _count_like(value: object) -> bool:
 
 
 @dataclass
+class Customer:
+    """One customer of a sandbox: its scope (`svc-customer-api/<name>`), credentials, data
+    and rate limit. None takes the sandbox's value (which may change while it serves)."""
+
+    name: str
+    client_id: str = ""  # default: `<name>-client`
+    client_secret: str = field(default_factory=lambda: _secret("secret"))
+    api_key: str = field(default_factory=lambda: _secret("key"))
+    seed: int | None = None
+    scale: float | None = None
+    rate: float | None = None
+    burst: int | None = None
+
+    def __post_init__(self) -> None:
+        self.client_id = self.client_id or f"{self.name}-client"
+
+
+@dataclass
 class SandboxConfig:
     """Data, credentials and behaviour of one sandbox. Faults are all off by default."""
 
@@ -60,6 +78,9 @@ class SandboxConfig:
     # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
     expand_cap: int | None = None
     refuse_document_expand: bool = False
+    # Several customers on one server, each with its own credentials, data and limit; empty:
+    # the one customer above (`customer`, `client_id`, `client_secret`, `api_key`).
+    customers: list[Customer] = field(default_factory=list)
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
         "token_lifetime",
@@ -79,6 +100,18 @@ class SandboxConfig:
         "expand_cap",
         "refuse_document_expand",
     )
+
+    def served(self) -> list[Customer]:
+        """The customers this sandbox serves, the first one the default; ValueError when two
+        share a name, client id or API key (a request would not say whose data it reads)."""
+        served = self.customers or [
+            Customer(self.customer, self.client_id, self.client_secret, self.api_key)
+        ]
+        for name in ("name", "client_id", "api_key"):
+            values = [getattr(c, name) for c in served]
+            if len(set(values)) < len(values):
+                raise ValueError(f"two sandbox customers share a {name}")
+        return served
 
     def update(self, **changes: object) -> None:
         """Change runtime settings; an unknown or data-shaping name is refused."""
