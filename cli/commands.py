@@ -236,6 +236,7 @@ def dev(args: argparse.Namespace) -> int:
     """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
     a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
     current commands, run from the Dagster home with the project as working directory."""
+    home.prepare_instance().dispose()  # storage created or migrated before its processes start
     dagster_home = home.dagster_home()
     target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
     bin_dir = Path(sys.executable).parent

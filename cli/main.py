@@ -217,9 +217,10 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
     """Errors an operator fixes in the configuration or the environment: message, exit 2.
     Imported here, not at the top: `clinical-sync --help` stays fast."""
     from connectors.clinical_records.errors import ConfigError
+    from pipelines.postgres import PostgresUnreachable
     from warehouse.errors import SourceMismatch, WarehouseLocked
 
-    return (ConfigError, WarehouseLocked, SourceMismatch)
+    return (ConfigError, WarehouseLocked, SourceMismatch, PostgresUnreachable)
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,7 @@ from pipelines.keys import (
     PUBLISHED_GROUP,
     PUBLISHED_KEY,
     WAREHOUSE_POOL,
+    in_pool,
     lake_key,
     model_key,
     table_key,
@@ -195,7 +196,7 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
         for e in family
     }
 
-    @multi_asset(outs=outs, name=f"extract_{root.table}", pool=API_POOL, can_subset=True)
+    @multi_asset(outs=outs, name=f"extract_{root.table}", **in_pool(API_POOL), can_subset=True)
     def extract_family_assets(
         context,  # AssetExecutionContext (Dagster needs it unannotated under PEP 563)
         clinical_api: ClinicalApiResource,
@@ -280,7 +281,7 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
         group_name=CLINICAL_GROUP,
         kinds={"duckdb", "table"},
         owners=OWNERS,
-        pool=WAREHOUSE_POOL,
+        **in_pool(WAREHOUSE_POOL),
         tags={"strategy": entity.strategy.value},
         check_specs=checks.table_check_specs(entity),
         description=f"Current {entity.name}: merged by {entity.key}, deletes marked, history kept",
@@ -363,7 +364,7 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
         for m in found
     ]
 
-    @multi_asset(specs=specs, name="analytics_models", pool=WAREHOUSE_POOL, can_subset=True)
+    @multi_asset(specs=specs, name="analytics_models", **in_pool(WAREHOUSE_POOL), can_subset=True)
     def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
         with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
@@ -391,7 +392,7 @@ def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> Asse
         group_name=PUBLISHED_GROUP,
         kinds={"duckdb"},
         owners=OWNERS,
-        pool=WAREHOUSE_POOL,
+        **in_pool(WAREHOUSE_POOL),
         description=(
             "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
             "committed it, published atomically; open connections keep the previous one"

@@ -18,6 +18,7 @@ from dagster import (
     EnvVar,
     ScheduleDefinition,
     define_asset_job,
+    multiprocess_executor,
 )
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
@@ -31,6 +32,7 @@ from pipelines.keys import (
     DOCUMENTS_JOB,
     FULL_JOB,
     NIGHTLY_JOB,
+    POOL_TAG,
     PUBLISHED_KEY,
     lake_key,
     table_key,
@@ -129,6 +131,16 @@ nightly_schedule = ScheduleDefinition(
     description="The nightly sync at 02:00 (CLINICAL_TIMEZONE, default UTC)",
 )
 
+# Within one run, one step of each pool at a time (one extraction on the run's API key, one
+# DuckDB writer on its warehouse); across runs the instance's pool limits hold (dagster.yaml).
+executor = multiprocess_executor.configured(
+    {
+        "tag_concurrency_limits": [
+            {"key": POOL_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+        ]
+    }
+)
+
 defs = Definitions(
     assets=[*ASSETS, PUBLISHED],
     asset_checks=build_reference_checks(),
@@ -136,4 +148,5 @@ defs = Definitions(
     schedules=[nightly_schedule],
     sensors=[mark_failed_runs],
     resources=resources(),
+    executor=executor,
 )

@@ -14,7 +14,7 @@ from pydantic import Field as ConfigField
 
 from connectors.clinical_records.catalogue import DOCUMENTS
 from connectors.clinical_records.client import ClinicalClient
-from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, table_key
+from pipelines.keys import API_POOL, CLINICAL_GROUP, OWNERS, in_pool, table_key
 from pipelines.resources import ClinicalApiResource, LakeResource, WarehouseResource
 from sync.document_content import (
     ContentResult,
@@ -43,7 +43,7 @@ class ContentConfig(Config):
     group_name=CLINICAL_GROUP,
     kinds={"python", "duckdb"},
     owners=OWNERS,
-    pool=API_POOL,
+    **in_pool(API_POOL),
     description="The documents' files in the content store, one request each; only when asked",
 )
 def patient_document_content(

@@ -1,19 +1,20 @@
-"""Where things are kept: DAGSTER_HOME, the lake and the warehouse. The one module that reads
-WAREHOUSE_PATH, LAKE_ROOT and DAGSTER_HOME from the environment; everyone else asks it.
+"""Where things are kept: DAGSTER_HOME, the lake and the warehouse, and the instance's storage.
+The one module that reads WAREHOUSE_PATH, LAKE_ROOT, DAGSTER_HOME and DAGSTER_POSTGRES_URL
+from the environment; everyone else asks it.
 
 The defaults are `data/...` under the working directory (docs/ARCHITECTURE.md,
 Configuration); the environment overrides them. Each warehouse has its own Dagster home (run
 history, schedules, logs) beside it, `<warehouse without .duckdb>.dagster/`, unless
 DAGSTER_HOME says otherwise: the runs of one warehouse never mix into another's plots. A home
-gets the repository's `dagster.yaml`.
+gets the repository's `dagster.yaml`; with DAGSTER_POSTGRES_URL set, with the blocks of
+`deploy/dagster-postgres.yaml` laid over it (storage in PostgreSQL, shared by every host).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,11 +22,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
+from pipelines import postgres
 from pipelines.resources import DEFAULT_LAKE_ROOT, DEFAULT_WAREHOUSE_PATH
 from warehouse.private import PRIVATE_FILE, private_dir, tighten_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
+POSTGRES_YAML = REPO_ROOT / "deploy" / "dagster-postgres.yaml"
 DEMO_DIR = "data/demo"  # `clinical-sync demo`'s own lake and warehouse
 
 
@@ -42,6 +45,39 @@ def warehouse_path_chosen() -> bool:
     return bool(os.environ.get("WAREHOUSE_PATH"))
 
 
+def postgres_url() -> str | None:
+    """DAGSTER_POSTGRES_URL: the instance (and the shared rate limit) in PostgreSQL; unset,
+    SQLite files in the Dagster home, as on one machine."""
+    return os.environ.get(postgres.POSTGRES_VARIABLE) or None
+
+
+def _laid_over(base: Mapping[str, object], top: Mapping[str, object]) -> dict[str, object]:
+    """`top`'s keys over `base`'s, mappings merged key by key."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        merged[key] = _laid_over(below, value) if both else value  # type: ignore[arg-type]
+    return merged
+
+
+def instance_settings() -> str | None:
+    """The text of a home's dagster.yaml: the repository's file, and with DAGSTER_POSTGRES_URL
+    set, deploy/dagster-postgres.yaml laid over it."""
+    if not INSTANCE_YAML.exists():
+        return None
+    ours = INSTANCE_YAML.read_text(encoding="utf-8")
+    if postgres_url() is None:
+        return ours
+    import yaml
+
+    merged = _laid_over(
+        yaml.safe_load(ours), yaml.safe_load(POSTGRES_YAML.read_text(encoding="utf-8"))
+    )
+    header = "# Written by pipelines/home.py from dagster.yaml and deploy/dagster-postgres.yaml.\n"
+    return header + yaml.safe_dump(merged, sort_keys=False)
+
+
 def demo_warehouse_path() -> str:
     return str(Path(DEMO_DIR) / "warehouse.duckdb")
 
@@ -53,42 +89,68 @@ def default_dagster_home(warehouse: str | Path) -> Path:
 
 def dagster_home(warehouse: str | Path | None = None) -> Path:
     """DAGSTER_HOME, else the warehouse's own home; made absolute, created, with our
-    dagster.yaml, and exported so that Dagster (and `dagster dev`'s children) use it.
+    dagster.yaml (`instance_settings`), and exported so that Dagster (and `dagster dev`'s
+    children) use it. On PostgreSQL, only once the server answers (else PostgresUnreachable).
 
-    The default home always gets the repository's current file; a home the operator chose
-    gets it only when it has none (their own settings win).
+    The default home always gets the current settings; a home the operator chose gets them
+    only when it has none (their own settings win).
     """
+    url = postgres_url()
+    if url is not None:  # PostgresUnreachable before anything is written
+        postgres.connect(url).close()
     chosen = os.environ.get("DAGSTER_HOME")
     home = Path(chosen).resolve() if chosen else default_dagster_home(warehouse or warehouse_path())
     private_dir(home)  # Dagster's storage keeps step outputs and logs of PHI-bearing runs
     tighten_tree(home, f"Dagster home {home}")
     target = home / "dagster.yaml"
-    ours = INSTANCE_YAML.read_text(encoding="utf-8") if INSTANCE_YAML.exists() else None
+    ours = instance_settings()
     default_home = not chosen
     current = target.read_text(encoding="utf-8") if target.exists() else None
     if ours is not None and current != ours and (current is None or default_home):
         partial = home / f".dagster.yaml.{os.getpid()}"
-        shutil.copyfile(INSTANCE_YAML, partial)
-        partial.chmod(PRIVATE_FILE)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(ours)
         os.replace(partial, target)  # a concurrent command never reads half a file
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
 
 @contextmanager
-def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
-    """The Dagster instance of DAGSTER_HOME (or of the warehouse), its storage created under a
-    file lock: two commands started at once on a new home would otherwise both create the
-    SQLite schema."""
-    from dagster import DagsterInstance
-
-    home = dagster_home(warehouse)
+def _storage_lock(home: Path) -> Iterator[None]:
+    """One process at a time creates or migrates the instance's storage: a file lock in the
+    home for SQLite, a PostgreSQL advisory lock (every host) for PostgreSQL."""
+    url = postgres_url()
+    if url is not None:
+        with postgres.migration_lock(url):
+            yield
+        return
     with (home / ".instance.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            opened = DagsterInstance.get()
-            opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    with opened:
+
+
+def prepare_instance(warehouse: str | Path | None = None) -> DagsterInstance:
+    """The Dagster instance of DAGSTER_HOME (or of the warehouse), its storage created or
+    migrated now under `_storage_lock`: two commands started at once on a new instance would
+    otherwise both create the schema."""
+    from dagster import DagsterInstance
+
+    url = postgres_url()
+    home = dagster_home(warehouse)
+    with _storage_lock(home):
+        opened = DagsterInstance.get()
+        if url is not None:
+            opened.upgrade()  # Dagster's schema migrations; nothing to do when current
+        opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
+    return opened
+
+
+@contextmanager
+def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
+    """`prepare_instance`, closed at the end."""
+    with prepare_instance(warehouse) as opened:
         yield opened
