@@ -33,17 +33,23 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
+    from cli.tenants import chosen, sync_all
     from connectors.clinical_records.settings import Settings
     from pipelines.runner import sync as run_sync
 
-    Settings.from_env()  # every configuration problem first, before a log file or a run
-    log = cli_log.log_file("sync")
+    if args.all_tenants:
+        return sync_all(args)
+    tenant = chosen(args.tenant)  # None: the one customer of the environment
+    # every configuration problem first, before a log file or a run
+    _ = tenant.settings() if tenant else Settings.from_env()
+    log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
     with terminal_progress(), home.instance() as instance:
         report = run_sync(
             os.environ,
-            lake_root=home.lake_root(),
-            warehouse_path=home.warehouse_path(),
+            lake_root=str(tenant.lake) if tenant else home.lake_root(),
+            warehouse_path=str(tenant.warehouse) if tenant else home.warehouse_path(),
+            tenant=tenant,
             full=args.full,
             only=args.only or (),
             backfill_from=args.backfill_from,
@@ -77,7 +83,11 @@ def _when(value: datetime | None) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
+    from cli.tenants import status_tenants
     from warehouse.load import status as warehouse_status
+
+    if args.tenant or home.tenants_file() is not None:
+        return status_tenants(args.tenant or [])
 
     path = home.warehouse_path()
     demo = home.demo_warehouse_path()

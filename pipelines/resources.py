@@ -187,6 +187,15 @@ class TenantWarehouseResource(WarehouseAccess):
         return str(_tenant(self.tenants_file, tenant).warehouse)
 
 
+def tenant_resources(tenants_file: str | Path) -> dict[str, ConfigurableResource]:
+    """The API, lake and warehouse of the run's tenant, for tenant-partitioned assets."""
+    return {
+        "clinical_api": TenantApiResource(tenants_file=str(tenants_file)),
+        "lake": TenantLakeResource(tenants_file=str(tenants_file)),
+        "warehouse": TenantWarehouseResource(tenants_file=str(tenants_file)),
+    }
+
+
 def _day(name: str, text: str | None) -> date | None:
     if not text:
         return None

@@ -18,8 +18,9 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines import home
+from pipelines import home, tenants
 from pipelines.liveness import run_started_at
+from pipelines.partitions import PARTITION_TAG
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
@@ -81,7 +82,16 @@ def first_failure(events) -> str:
     description="Marks runs launched from the UI or the schedule as failed in ops.sync_runs",
 )
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
-    path = home.warehouse_path()
-    message = first_failure(context.get_step_failure_events())
     run_id = context.dagster_run.run_id
-    mark_failed(path, run_id, message, os.environ, run_started_at(context.instance, run_id))
+    message = first_failure(context.get_step_failure_events())
+    started = run_started_at(context.instance, run_id)
+    path, env = home.warehouse_path(), os.environ
+    tenants_file, tenant = home.tenants_file(), context.dagster_run.tags.get(PARTITION_TAG)
+    if tenants_file is not None and tenant is not None:  # the run's tenant's warehouse
+        try:
+            found = tenants.load(tenants_file).get(tenant)
+            path, env = str(found.warehouse), found.environment()
+        except ConfigError as error:
+            context.log.warning(f"run {run_id} of tenant {tenant!r} failed; not marked: {error}")
+            return
+    mark_failed(path, run_id, message, env, started)

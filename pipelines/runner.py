@@ -27,16 +27,19 @@ from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines import keys
 from pipelines.assets import build_reference_checks, build_sync_assets
-from pipelines.documents_asset import CONTENT_KEY, patient_document_content
+from pipelines.documents_asset import CONTENT_KEY, CONTENT_OP
 from pipelines.keys import lake_key, table_key
 from pipelines.liveness import release_orphans, run_started_at, run_tags
+from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
+    tenant_resources,
 )
 from pipelines.run_failures import first_failure, mark_failed, root_failures
+from pipelines.tenants import Tenant
 from sync.budget import BUDGET_VARIABLE, parse_budget
 
 log = logging.getLogger(__name__)
@@ -129,15 +132,25 @@ def _cell(value: object) -> str:
 
 
 def resources_from_env(
-    env: Mapping[str, str], lake_root: str, warehouse_path: str, **options: object
+    env: Mapping[str, str],
+    lake_root: str,
+    warehouse_path: str,
+    tenant: Tenant | None = None,
+    **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run; the environment is validated first (ConfigError)."""
-    settings = Settings.from_env(env)
+    """Resources for an in-process run; the environment (or the tenant's) is validated first
+    (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
+    settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
     parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)  # a bad value fails now
-    return {
+    places: dict[str, object] = {
         "clinical_api": ClinicalApiResource.from_settings(settings),
         "lake": LakeResource(root=str(lake_root)),
         "warehouse": WarehouseResource(path=str(warehouse_path)),
+    }
+    if tenant is not None:
+        places = tenant_resources(tenant.file)
+    return {
+        **places,
         "sync_options": SyncOptionsResource(
             **{"nightly_budget": env.get(BUDGET_VARIABLE) or None, **options}  # type: ignore[arg-type]
         ),
@@ -181,14 +194,21 @@ def sync(
     instance: DagsterInstance | None = None,
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
+    tenant: Tenant | None = None,
 ) -> SyncReport:
-    """Materialize the selected assets (and their checks) once; return what each set did."""
+    """Materialize the selected assets (and their checks) once; return what each set did.
+    With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse)."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
-    resources = resources_from_env(env, lake_root, warehouse_path, **options)
+    resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
+    if tenant is not None:
+        env = tenant.environment(env)  # whose source a failed run is marked against
+        instance = instance or DagsterInstance.ephemeral()
+        if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
+            instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
     if instance is not None:
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
@@ -202,12 +222,13 @@ def sync(
     )
     result = _materialize(
         job,
-        [*build_sync_assets(), *build_reference_checks()],
+        [*build_sync_assets(TENANTS if tenant else None), *build_reference_checks()],
         resources,
         log_level=log_level,
         instance=instance,
         tags=tags or {},
         selection=selection(resolve(only)),
+        partition_key=tenant.name if tenant else None,
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
     for event in result.get_asset_materialization_events():
@@ -274,7 +295,7 @@ def sync_documents(
         selection=AssetSelection.assets(
             lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
         ),
-        ops={patient_document_content.op.name: {"config": {"download_content": content}}},
+        ops={CONTENT_OP: {"config": {"download_content": content}}},
     )
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
@@ -293,6 +314,7 @@ def _materialize(
     tags: Mapping[str, str],
     selection: AssetSelection | None = None,
     ops: Mapping[str, object] | None = None,
+    partition_key: str | None = None,
 ):
     """One in-process run under the name of the job it stands for (so the UI lists it on that
     job's page), as the CLI makes them: its log level, liveness tags, no raising."""
@@ -309,6 +331,7 @@ def _materialize(
         instance=instance,
         tags={**run_tags(), **tags},
         raise_on_error=False,
+        partition_key=partition_key,
     )
 
 

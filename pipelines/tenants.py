@@ -28,15 +28,17 @@ Every problem of a file is reported at once, one line each naming the tenant
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from warehouse.private import create_private, private_dir
 
 TENANTS_VARIABLE = "CLINICAL_TENANTS_FILE"
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -118,10 +120,10 @@ class Tenant:
     warehouse: Path
     lake: Path
 
-    def settings(self, environ: Mapping[str, str] | None = None) -> Settings:
-        """The connector's settings for this tenant, its credentials read now from their
-        variables or files, the machine-wide tuning (CLINICAL_LIMITER_PATH, the CA bundle,
-        timeouts) from `environ`. TenantsFileError names the tenant and every problem."""
+    def environment(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`environ` with this tenant's CLINICAL_* variables in place of any there, its
+        credentials read now from their variables or files: what `clinical-sync sync` reads
+        for one customer. TenantsFileError names the tenant and every problem."""
         environ = os.environ if environ is None else environ
         values = {v: str(getattr(self, k)) for k, v in SETTING_VARIABLES.items()}
         problems: list[str] = []
@@ -132,13 +134,20 @@ class Tenant:
                     values[SETTING_VARIABLES[key]] = reference.read(environ)
                 except ValueError as error:
                     problems.append(f"tenant {self.name!r}: {key}: {error}")
-        if not problems:
-            tuning = {k: v for k, v in environ.items() if k not in SETTING_VARIABLES.values()}
-            try:
-                return Settings.from_env({**tuning, **values}, dotenv_path=None)
-            except ConfigError as error:
-                problems = _problems(self.name, error)
-        raise TenantsFileError(self.file, problems)
+        if problems:
+            raise TenantsFileError(self.file, problems)
+        others = {k: v for k, v in environ.items() if k not in SETTING_VARIABLES.values()}
+        return {**others, **values}
+
+    def settings(self, environ: Mapping[str, str] | None = None) -> Settings:
+        """The connector's settings for this tenant (`environment`): the machine-wide tuning
+        (CLINICAL_LIMITER_PATH, the CA bundle, timeouts) from `environ`."""
+        try:
+            return Settings.from_env(self.environment(environ), dotenv_path=None)
+        except TenantsFileError:
+            raise
+        except ConfigError as error:
+            raise TenantsFileError(self.file, _problems(self.name, error)) from None
 
 
 def _problems(name: str, error: ConfigError) -> list[str]:
@@ -186,9 +195,16 @@ def load(path: str | os.PathLike[str]) -> Tenants:
     which are read where a tenant's settings are needed."""
     path = Path(path).expanduser().resolve()
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise TenantsFileError(path, [f"{path}: cannot be read ({error.strerror})"]) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Tenants:
+    """A tenants file's text, checked as `load` checks it; relative paths from `path`'s folder."""
+    try:
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise TenantsFileError(path, [f"{path}: not valid TOML ({error})"]) from None
     problems: list[str] = []
@@ -302,3 +318,56 @@ def _path(
         problems.append(f"{label}: {key}: expected a path, got {value!r}")
         return default
     return (path.parent / Path(value).expanduser()).resolve()
+
+
+HEADER = """\
+# Tenants of clinical-records-sync (CLINICAL_TENANTS_FILE; README, Configuration).
+# Secrets are never written here: client_secret and api_key name an environment variable,
+# { env = "NAME" }, or a file, { file = "PATH" } (relative paths from this file's folder).
+"""
+
+
+def add(path: str | os.PathLike[str], entry: Mapping[str, object]) -> Tenants:
+    """Append one `[[tenant]]` table to the file (created owner-only when missing). The file is
+    replaced, atomically, only when the result loads; else TenantsFileError, file unchanged."""
+    path = Path(path).expanduser().resolve()
+    before = path.read_text(encoding="utf-8") if path.exists() else HEADER
+    return _replace(path, f"{before.rstrip()}\n\n{table(entry)}")
+
+
+def write(path: str | os.PathLike[str], entries: Sequence[Mapping[str, object]]) -> Tenants:
+    """A new tenants file holding `entries` (replacing any), owner-only, checked first."""
+    path = Path(path).expanduser().resolve()
+    return _replace(path, "\n".join([HEADER, *(table(e) for e in entries)]))
+
+
+def _replace(path: Path, text: str) -> Tenants:
+    found = parse(text, path)
+    private_dir(path.parent)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(create_private(partial), "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(partial, path)
+    return found
+
+
+def table(entry: Mapping[str, object]) -> str:
+    """One `[[tenant]]` table in TOML; a Secret as its reference, never a value."""
+    lines = ["[[tenant]]"]
+    for key, value in entry.items():
+        if value is None:
+            continue
+        if isinstance(value, Secret):
+            where = ("env", value.env) if value.env else ("file", str(value.file))
+            shown = f"{{ {where[0]} = {_string(where[1])} }}"
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            shown = _string(str(value))
+        else:
+            shown = repr(value)
+        lines.append(f"{key} = {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def _string(text: str) -> str:
+    """A TOML basic string: JSON's escapes are a subset of TOML's."""
+    return json.dumps(text, ensure_ascii=False)
