@@ -27,7 +27,7 @@ from dagster import (
     EnvVar,
     ScheduleDefinition,
     define_asset_job,
-    multiprocess_executor,
+    multi_or_in_process_executor,
 )
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
@@ -172,12 +172,21 @@ def nightly_schedule(
 
 # Within one run, one step of each pool at a time (one extraction on the run's API key, one
 # DuckDB writer on its warehouse); across runs the instance's pool limits hold (dagster.yaml).
-executor = multiprocess_executor.configured(
-    {
-        "tag_concurrency_limits": [
-            {"key": POOL_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
-        ]
-    }
+# Dagster's default executor, its launchpad options kept (`in_process` too), with that limit
+# added to `multiprocess` unless the run sets its own.
+ONE_STEP_PER_POOL = [{"key": POOL_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+
+
+def _one_step_per_pool(config: dict) -> dict:
+    if "multiprocess" not in config:
+        return config
+    return {"multiprocess": {"tag_concurrency_limits": ONE_STEP_PER_POOL, **config["multiprocess"]}}
+
+
+executor = multi_or_in_process_executor.configured(
+    _one_step_per_pool,
+    config_schema=multi_or_in_process_executor.config_schema,
+    name=multi_or_in_process_executor.name,
 )
 
 

@@ -115,13 +115,14 @@ def default_dagster_home(warehouse: str | Path) -> Path:
     return Path(warehouse).resolve().with_suffix(".dagster")
 
 
-def dagster_home(warehouse: str | Path | None = None) -> Path:
+def dagster_home(warehouse: str | Path | None = None, *, refresh: bool = False) -> Path:
     """DAGSTER_HOME, else the warehouse's own home; made absolute, created, with our
     dagster.yaml (`instance_settings`), and exported so that Dagster (and `dagster dev`'s
     children) use it. On PostgreSQL, only once the server answers (else PostgresUnreachable).
 
     The default home always gets the current settings; a home the operator chose gets them
-    only when it has none (their own settings win).
+    only when it has none (their own settings win), or with `refresh` (a deployment's own
+    preparation, `python -m pipelines.home`, after an upgrade).
     """
     url = postgres_url()
     if url is not None:  # PostgresUnreachable before anything is written
@@ -138,7 +139,7 @@ def dagster_home(warehouse: str | Path | None = None) -> Path:
     ours = instance_settings()
     default_home = not chosen
     current = target.read_text(encoding="utf-8") if target.exists() else None
-    if ours is not None and current != ours and (current is None or default_home):
+    if ours is not None and current != ours and (current is None or default_home or refresh):
         partial = home / f".dagster.yaml.{os.getpid()}"
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -165,20 +166,38 @@ def _storage_lock(home: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def prepare_instance(warehouse: str | Path | None = None) -> DagsterInstance:
+def prepare_instance(
+    warehouse: str | Path | None = None, *, refresh: bool = False
+) -> DagsterInstance:
     """The Dagster instance of DAGSTER_HOME (or of the warehouse), its storage created or
     migrated now under `_storage_lock`: two commands started at once on a new instance would
     otherwise both create the schema."""
     from dagster import DagsterInstance
 
     url = postgres_url()
-    home = dagster_home(warehouse)
+    home = dagster_home(warehouse, refresh=refresh)
     with _storage_lock(home):
         opened = DagsterInstance.get()
         if url is not None:
             opened.upgrade()  # Dagster's schema migrations; nothing to do when current
+            _set_pool_limits(opened)
         opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
     return opened
+
+
+def _set_pool_limits(opened: DagsterInstance) -> None:
+    """Our pools' rows at the instance's default limit, written here, one process at a time.
+    Left to Dagster (1.13.27), the first step of each pool writes its row, and on PostgreSQL
+    two runs starting together fail there: the loser's INSERT aborts the transaction its
+    UPDATE then runs in (InFailedSqlTransaction)."""
+    from pipelines.keys import API_POOL, WAREHOUSE_POOL
+
+    default = opened.global_op_concurrency_default_limit
+    storage = opened.event_log_storage
+    current = {pool.name: pool.limit for pool in storage.get_pool_limits()}
+    for pool in (API_POOL, WAREHOUSE_POOL):
+        if default is not None and current.get(pool) != default:
+            storage.set_concurrency_slots(pool, default)
 
 
 @contextmanager
@@ -186,3 +205,10 @@ def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
     """`prepare_instance`, closed at the end."""
     with prepare_instance(warehouse) as opened:
         yield opened
+
+
+if __name__ == "__main__":
+    # `python -m pipelines.home`: the instance of DAGSTER_HOME ready before its processes
+    # start, with the settings of this version (deploy/compose.yaml's `instance` service).
+    prepare_instance(refresh=True).dispose()
+    print(f"Dagster instance ready in {dagster_home()}")

@@ -51,13 +51,13 @@ def _advice(reason: str) -> str:
 
 
 def connect(url: str):
-    """A psycopg connection, or PostgresUnreachable naming the server and what to check."""
-    import psycopg
+    """A psycopg2 connection, or PostgresUnreachable naming the server and what to check."""
+    import psycopg2
 
     place = where(url)
     try:
-        return psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
-    except psycopg.Error as error:
+        return psycopg2.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    except psycopg2.Error as error:
         first = (str(error).strip().splitlines() or ["no answer"])[0]
         reason = first.split(" failed: ", 1)[-1]
         raise PostgresUnreachable(

@@ -73,10 +73,10 @@ class PostgresServer:
 
     def database(self, prefix: str = "test") -> str:
         """A new, empty database; its URL."""
-        import psycopg
+        import psycopg2
 
         name = f"{prefix}_{os.getpid()}_{next(self._numbers)}"
-        connection = psycopg.connect(self.url)
+        connection = psycopg2.connect(self.url)
         try:
             connection.autocommit = True  # CREATE DATABASE cannot run in a transaction
             with connection.cursor() as cursor:
@@ -157,9 +157,9 @@ def postgres_server(bin_dir: Path | None = None) -> Iterator[PostgresServer]:
 
 def _create_first_database(server: PostgresServer) -> None:
     """The role's own database, which `url` names (initdb makes only `postgres`)."""
-    import psycopg
+    import psycopg2
 
-    connection = psycopg.connect(server.url_of("postgres"))
+    connection = psycopg2.connect(server.url_of("postgres"))
     try:
         connection.autocommit = True
         with connection.cursor() as cursor:

@@ -147,3 +147,23 @@ def test_dagster_home_gets_the_instance_yaml_and_keeps_an_operators_own(tmp_path
     monkeypatch.setenv("DAGSTER_HOME", str(own))
     home.dagster_home()
     assert (own / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_a_run_takes_one_step_of_each_pool_at_a_time_and_in_process_stays_possible(monkeypatch):
+    """The executor's limit per pool within a run (the instance's pools only hold across
+    runs); the launchpad's `in_process` choice is left as Dagster has it."""
+    from dagster._core.system_config.objects import ResolvedRunConfig
+
+    for name in ("API_BASE_URL", "AUTH_URL", "CLIENT_ID", "CLIENT_SECRET", "API_KEY", "CUSTOMER"):
+        monkeypatch.setenv(f"CLINICAL_{name}", "x")
+    job = defs.resolve_job_def("nightly_sync")
+    default = ResolvedRunConfig.build(job, {}).execution.execution_engine_config
+    assert default["multiprocess"]["tag_concurrency_limits"] == definitions.ONE_STEP_PER_POOL
+    chosen = {"execution": {"config": {"in_process": {}}}}
+    assert "in_process" in ResolvedRunConfig.build(job, chosen).execution.execution_engine_config
+    graph = defs.resolve_asset_graph()
+    for entity in ENTITY_SETS:
+        for key, pool in ((lake_key(entity), API_POOL), (table_key(entity), WAREHOUSE_POOL)):
+            node = graph.get(key)
+            assert node.pools == {pool}
+            assert defs.resolve_assets_def(key).op.tags["clinical-sync/pool"] == pool

@@ -35,6 +35,8 @@ def test_the_url_selects_postgres_storage_and_wide_pools(postgres_url, tmp_path,
             "limit": 1,
         }
         assert not instance.telemetry_enabled
+        limits = {pool.name: pool.limit for pool in instance.event_log_storage.get_pool_limits()}
+        assert limits == {"clinical_api": 10, "warehouse": 10}  # written before any run
     written = (tmp_path / "home" / "dagster.yaml").read_text()
     assert f"env: {POSTGRES_VARIABLE}" in written
     postgres_password = postgres_url.split(":")[2].split("@")[0]

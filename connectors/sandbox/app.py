@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -86,10 +85,7 @@ class Sandbox(DocumentEndpoints):
         self.limiter = RateLimiter(config.rate, config.burst)
         self.faults = FaultInjector(config)
         self.counters: Counter[str] = Counter()
-        # Per customer, the moment (time.time()) of each request its credentials passed the
-        # limit with, and its 429s: what each customer's client asked of the service.
-        self.arrivals: dict[str, list[float]] = {c.name: [] for c in self.tokens.customers}
-        self.throttled_by: Counter[str] = Counter()
+        self.throttled_by: Counter[str] = Counter()  # per customer, its requests answered 429
         self.handlers: dict[str, Handler] = {
             "service": self._service_document,
             "metadata": self._metadata,
@@ -146,7 +142,6 @@ class Sandbox(DocumentEndpoints):
                 self.counters["throttled"] += 1
                 self.throttled_by[customer.name] += 1
                 return self._too_many(wait)
-            self.arrivals[customer.name].append(time.time())
             fault = await self._inject()
             if fault is not None:
                 return fault
@@ -291,6 +286,9 @@ class Sandbox(DocumentEndpoints):
                 return json_response(self.stats())
             if action == "customers":
                 return json_response(self.customer_requests())
+            if action == "arrivals":  # when the presented key's requests arrived, in seconds
+                key = request.headers["x-api-key"]
+                return json_response(list(self.limiter.arrivals.get(key, [])))
             if action == "changes":
                 with self.store.lock:
                     return json_response([c.as_dict() for c in self.store.changes])
@@ -303,10 +301,14 @@ class Sandbox(DocumentEndpoints):
         self.limiter.reconfigure(self.config.rate, self.config.burst)
 
     def customer_requests(self) -> dict[str, dict[str, object]]:
-        """Per customer: the requests its credentials made (their times) and its 429s."""
+        """Per customer: when each request its credentials made reached the limit (monotonic
+        seconds, admitted or not; `limiter.arrivals` of its API key) and how many got 429."""
         return {
-            name: {"requests": times[:], "throttled": self.throttled_by[name]}
-            for name, times in self.arrivals.items()
+            c.name: {
+                "requests": list(self.limiter.arrivals.get(c.api_key, [])),
+                "throttled": self.throttled_by[c.name],
+            }
+            for c in self.tokens.customers
         }
 
     def stats(self) -> dict[str, int]:
