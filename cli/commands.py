@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from cli import log as cli_log
 from connectors.clinical_records.errors import ConfigError
-from pipelines import home
+from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
 
 if TYPE_CHECKING:
@@ -193,12 +193,16 @@ def _stop(signum: int, frame: object) -> None:
 
 def dev_environment(extra: dict[str, str]) -> dict[str, str]:
     """The environment of the webserver and daemon, which run in the Dagster home: the
-    project's .env under the environment, and the warehouse and lake as absolute paths."""
+    project's .env under the environment, and the warehouse, lake and tenants file as absolute
+    paths."""
     from connectors.clinical_records.settings import read_dotenv
 
     env = {**read_dotenv(Path(".env")), **os.environ, **extra}
     env["WAREHOUSE_PATH"] = str(Path(home.warehouse_path()).resolve())
     env["LAKE_ROOT"] = str(Path(home.lake_root()).resolve())
+    tenants_file = home.tenants_file()
+    if tenants_file is not None:
+        env[tenants.TENANTS_VARIABLE] = str(tenants_file)  # absolute, as the other paths
     return env
 
 
@@ -244,9 +248,15 @@ def _stop_group(procs: list[subprocess.Popen]) -> None:
 
 def dev(args: argparse.Namespace) -> int:
     """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
-    a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
-    current commands, run from the Dagster home with the project as working directory."""
-    home.prepare_instance().dispose()  # storage created or migrated before its processes start
+    a sandbox unless CLINICAL_API_BASE_URL or a tenants file is set. What `dagster dev` did,
+    with Dagster's current commands, run from the Dagster home with the project as working
+    directory."""
+    from pipelines.partitions import keep_in_step
+
+    tenants_file = home.tenants_file()
+    with home.instance() as instance:  # storage created or migrated before its processes start
+        if tenants_file is not None:  # the UI shows every tenant's partition from the start
+            keep_in_step(instance, tenants.load(tenants_file).names)
     dagster_home = home.dagster_home()
     target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
     bin_dir = Path(sys.executable).parent
@@ -262,7 +272,7 @@ def dev(args: argparse.Namespace) -> int:
     url = f"http://{UI_HOST}:{args.ui_port}"
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+        if (os.environ.get(SANDBOX_VARIABLE) or tenants_file) and not args.sandbox:
             print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
             return run_group([webserver, daemon], dev_environment({}), dagster_home)
         with sandbox_process(args) as env:

@@ -15,7 +15,7 @@ TENANTS_HINT = "CLINICAL_TENANTS_FILE={path} clinical-sync dev (or sync --all-te
 
 
 def _sandbox(args: argparse.Namespace) -> int:
-    from connectors.sandbox.config import Customer, SandboxConfig
+    from connectors.sandbox.config import SandboxConfig, customers
     from connectors.sandbox.server import SandboxServer
 
     config = SandboxConfig(
@@ -39,9 +39,8 @@ def _sandbox(args: argparse.Namespace) -> int:
     if args.api_key:
         config.api_key = args.api_key
     if args.customers > 1 or args.tenants_file:
-        config.customers = [
-            Customer(f"clinic-{n}", seed=args.seed + n - 1) for n in range(1, args.customers + 1)
-        ]
+        names = [f"clinic-{n}" for n in range(1, args.customers + 1)]
+        config.customers = customers(names, args.seed)
     print(f"generating sandbox data (seed {args.seed}, scale {args.scale:g})...", file=sys.stderr)
     server = SandboxServer(config, port=args.port)
     for customer in server.customers:
@@ -50,13 +49,7 @@ def _sandbox(args: argparse.Namespace) -> int:
             f"records of {customer.name}: " + ", ".join(f"{k} {n:,}" for k, n in counts.items()),
             file=sys.stderr,
         )
-    for number, customer in enumerate(server.customers):
-        if len(server.customers) > 1:
-            print(*([""] if number else []), f"# customer {customer.name}", sep="\n")
-        for name, value in server.env(customer.name).items():
-            print(f"{name}={value}")
-    print(flush=True)  # an empty line ends the settings, for programs that read them
-    if args.tenants_file:
+    if args.tenants_file:  # written before the settings end: a reader may use it at once
         from cli.tenants import sandbox_tenants
 
         written = sandbox_tenants(server, Path(args.tenants_file))
@@ -65,6 +58,12 @@ def _sandbox(args: argparse.Namespace) -> int:
             f"{TENANTS_HINT.format(path=written.path)}",
             file=sys.stderr,
         )
+    for customer in server.customers:
+        if len(server.customers) > 1:
+            print(f"# customer {customer.name}")
+        for name, value in server.env(customer.name).items():
+            print(f"{name}={value}")
+    print(flush=True)  # an empty line ends the settings, for programs that read them
     print(f"serving {server.base_url} (Ctrl-C to stop)", file=sys.stderr)
     server.serve_forever()
     return 0

@@ -67,40 +67,30 @@ def build_content_asset(partitions_def: PartitionsDefinition | None = None) -> A
         lake: LakeAccess,
         warehouse: WarehouseAccess,
     ) -> MaterializeResult:
-        return fetch_content(context, config, clinical_api, lake, warehouse)
+        """The files the warehouse lists and the store lacks, for the run's tenant."""
+        tenant = tenant_of(context)
+        store = content_store(lake.root_of(tenant))
+        with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
+            wh.ensure_schema()
+            todo = content_todo(wh.con, store)
+        result = ContentResult(wanted=len(todo))
+        if config.download_content and todo:
+            settings = clinical_api.settings(tenant)
+            context.log.info(
+                f"{DOCUMENTS.name}: {len(todo)} files to fetch, one request each: about "
+                f"{len(todo) / settings.rate_limit:.0f} s at {settings.rate_limit:g} requests/s"
+            )
+            with ClinicalClient(settings, logger=context.log) as client:
+                rows, result = download_content(client, store, todo, context.run.run_id)
+            with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
+                record_content(wh.con, rows)
+        elif todo:
+            context.log.info(
+                f"{DOCUMENTS.name}: {len(todo)} files not held; set download_content to fetch them"
+            )
+        return MaterializeResult(
+            metadata={f"content_{k}": v for k, v in vars(result).items()}
+            | {"download_content": config.download_content}
+        )
 
     return patient_document_content
-
-
-def fetch_content(
-    context: AssetExecutionContext,
-    config: ContentConfig,
-    clinical_api: ApiAccess,
-    lake: LakeAccess,
-    warehouse: WarehouseAccess,
-) -> MaterializeResult:
-    """What the documents' files need, fetched when the launchpad asks, for the run's tenant."""
-    tenant = tenant_of(context)
-    store = content_store(lake.root_of(tenant))
-    with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
-        wh.ensure_schema()
-        todo = content_todo(wh.con, store)
-    result = ContentResult(wanted=len(todo))
-    if config.download_content and todo:
-        settings = clinical_api.settings(tenant)
-        context.log.info(
-            f"{DOCUMENTS.name}: {len(todo)} files to fetch, one request each: about "
-            f"{len(todo) / settings.rate_limit:.0f} s at {settings.rate_limit:g} requests/s"
-        )
-        with ClinicalClient(settings, logger=context.log) as client:
-            rows, result = download_content(client, store, todo, context.run.run_id)
-        with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
-            record_content(wh.con, rows)
-    elif todo:
-        context.log.info(
-            f"{DOCUMENTS.name}: {len(todo)} files not held; set download_content to fetch them"
-        )
-    return MaterializeResult(
-        metadata={f"content_{k}": v for k, v in vars(result).items()}
-        | {"download_content": config.download_content}
-    )

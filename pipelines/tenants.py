@@ -71,7 +71,7 @@ class TenantsFileError(ConfigError):
         self.problems = problems
         self.variable = TENANTS_VARIABLE
         self.expected = f"a valid tenants file ({path})"
-        self.advice = f"correct {path} or the variables and files it names (README: Tenants)"
+        self.advice = f"correct {path} or the variables and files it names (README: Configuration)"
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cli.tenants import sandbox_tenants
-from connectors.sandbox.config import Customer, SandboxConfig
 from connectors.sandbox.server import SandboxServer
+from tests.sandboxes import serving
 from tests.test_pipelines_cli import run
 
 pytestmark = pytest.mark.integration
@@ -22,13 +22,7 @@ NAMES = ("clinic-a", "clinic-b", "clinic-c")
 
 @pytest.fixture(scope="module")
 def three() -> Iterator[SandboxServer]:
-    config = SandboxConfig(
-        scale=0.02,
-        rate=1000,
-        burst=200,
-        customers=[Customer(name, seed=n) for n, name in enumerate(NAMES, start=1)],
-    )
-    with SandboxServer(config) as server:
+    with serving(NAMES, scale=0.02) as server:
         yield server
 
 

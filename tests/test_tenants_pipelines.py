@@ -20,13 +20,13 @@ from dagster import (
 from cli.tenants import sandbox_tenants
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
-from connectors.sandbox.config import Customer, SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from pipelines import definitions
 from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import ClinicalApiResource, TenantApiResource
 from pipelines.runner import sync
 from pipelines.tenants import Tenants
+from tests.sandboxes import serving
 from tests.truth import canonical, live_rows
 
 NAMES = ("north", "south")
@@ -35,13 +35,7 @@ NIGHT = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def customers() -> Iterator[SandboxServer]:
-    config = SandboxConfig(
-        scale=0.05,
-        rate=1000,
-        burst=200,
-        customers=[Customer(name, seed=n) for n, name in enumerate(NAMES, start=3)],
-    )
-    with SandboxServer(config) as server:
+    with serving(NAMES, scale=0.05) as server:
         yield server
 
 
@@ -49,6 +43,12 @@ def customers() -> Iterator[SandboxServer]:
 def tenants_file(customers, tmp_path, monkeypatch) -> Tenants:
     monkeypatch.setenv("CLINICAL_LIMITER_PATH", str(tmp_path / "ratelimit.sqlite"))
     return sandbox_tenants(customers, tmp_path / "tenants.toml")
+
+
+def tick(schedule, instance, defs):
+    """The schedule evaluated at NIGHT as the daemon does (its context closed after)."""
+    with build_schedule_context(instance, NIGHT, repository_def=defs.get_repository_def()) as c:
+        return schedule.evaluate_tick(c)
 
 
 def test_without_a_tenants_file_nothing_is_partitioned():
@@ -83,18 +83,15 @@ def test_the_sensor_keeps_the_partitions_and_the_schedule_runs_each_tenant(tenan
     schedule = defs.resolve_schedule_def("nightly_sync_schedule")
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(TENANT_DIMENSION, ["gone"])
-        result = sensor.evaluate_tick(build_sensor_context(instance=instance))
+        with build_sensor_context(instance=instance) as context:
+            result = sensor.evaluate_tick(context)
         (added, deleted) = result.dynamic_partitions_requests
         assert (list(added.partition_keys), list(deleted.partition_keys)) == (list(NAMES), ["gone"])
         instance.add_dynamic_partitions(TENANT_DIMENSION, ["north"])  # south not yet
-        ticked = schedule.evaluate_tick(
-            build_schedule_context(instance, NIGHT, repository_def=defs.get_repository_def())
-        )
+        ticked = tick(schedule, instance, defs)
         assert [r.partition_key for r in ticked.run_requests] == ["north"]
         instance.add_dynamic_partitions(TENANT_DIMENSION, ["south"])
-        ticked = schedule.evaluate_tick(
-            build_schedule_context(instance, NIGHT, repository_def=defs.get_repository_def())
-        )
+        ticked = tick(schedule, instance, defs)
         assert [r.partition_key for r in ticked.run_requests] == list(NAMES)
         assert len({r.run_key for r in ticked.run_requests}) == 2
 
@@ -147,8 +144,7 @@ def test_a_worker_starts_the_nightly_runs_of_its_share(tenants_file):
     schedule = defs.resolve_schedule_def("nightly_sync_schedule")
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(TENANT_DIMENSION, list(NAMES))
-        context = build_schedule_context(instance, NIGHT, repository_def=defs.get_repository_def())
-        ticked = schedule.evaluate_tick(context)
+        ticked = tick(schedule, instance, defs)
     assert [r.partition_key for r in ticked.run_requests] == ["south"]
     with pytest.raises(ConfigError, match="no tenant 'west'"):
         definitions.build_definitions(tenants_file.path, ["west"])

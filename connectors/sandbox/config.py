@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
@@ -33,6 +34,12 @@ class Customer:
 
     def __post_init__(self) -> None:
         self.client_id = self.client_id or f"{self.name}-client"
+
+
+def customers(names: Sequence[str], seed: int) -> list[Customer]:
+    """Customers named `names`, their data drawn from seeds `seed`, `seed + 1`, ...: each
+    customer's records differ from the others', so a mix would show."""
+    return [Customer(name, seed=seed + number) for number, name in enumerate(names)]
 
 
 @dataclass
