@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Query
+from connectors.clinical_records.ratelimit import AdaptiveLimiter
 from connectors.clinical_records.settings import Settings
 from connectors.sandbox.server import SandboxServer
 
@@ -30,3 +34,17 @@ def read_ids(client: ClinicalClient, entity: EntitySet, query: Query | None = No
 
 def truth_ids(server: SandboxServer, entity: EntitySet) -> set:
     return {record[entity.key] for record in server.control().truth()[entity.name]}
+
+
+def acquire_together(limiters: Sequence[AdaptiveLimiter], each: int) -> float:
+    """`each` slots from every limiter at once, a thread per limiter; the seconds it took."""
+    started = time.monotonic()
+    threads = [
+        threading.Thread(target=lambda lim=lim: [lim.acquire() for _ in range(each)])
+        for lim in limiters
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started

@@ -75,7 +75,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def _process(cmd: list[str], env: Mapping[str, str], cwd: Path, log: Path) -> Iterator[Path]:
+def _process(
+    cmd: list[str], env: Mapping[str, str], cwd: Path, log: Path
+) -> Iterator[subprocess.Popen]:
     """`cmd` in a process group of its own (so its children stop with it), output to `log`."""
     cwd.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
@@ -88,7 +90,7 @@ def _process(cmd: list[str], env: Mapping[str, str], cwd: Path, log: Path) -> It
             start_new_session=True,
         )
     try:
-        yield log
+        yield proc
     finally:
         _stop(proc)
 
@@ -109,6 +111,7 @@ class CodeServer:
     name: str
     port: int
     folder: Path
+    pid: int
 
 
 @contextmanager
@@ -117,14 +120,15 @@ def code_server(name: str, env: Mapping[str, str], folder: Path) -> Iterator[Cod
     answers Dagster's health check."""
     port = free_port()
     cmd = [str(BIN / "dagster"), "api", "grpc", "-m", MODULE, "-h", "127.0.0.1", "-p", str(port)]
-    with _process(cmd, env, folder, folder / "code-server.log") as log:
+    log = folder / "code-server.log"
+    with _process(cmd, env, folder, log) as proc:
 
         def healthy() -> bool:
             check = [str(BIN / "dagster"), "api", "grpc-health-check", "-p", str(port)]
             return subprocess.run(check, capture_output=True, timeout=30).returncode == 0
 
         _wait(healthy, f"code server {name}", log)
-        yield CodeServer(name, port, folder)
+        yield CodeServer(name, port, folder, proc.pid)
 
 
 def workspace_file(path: Path, servers: Sequence[CodeServer]) -> Path:
@@ -146,7 +150,8 @@ def daemon(home: Path, workspace: Path, env: Mapping[str, str] | None = None) ->
     """`dagster-daemon run` on the instance in `home`: the run queue, schedules, sensors."""
     env = {**(env or base_env()), "DAGSTER_HOME": str(home)}
     cmd = [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)]
-    with _process(cmd, env, home, home / "daemon.log") as log:
+    log = home / "daemon.log"
+    with _process(cmd, env, home, log):
         yield log
 
 
@@ -158,7 +163,8 @@ def webserver(home: Path, workspace: Path, env: Mapping[str, str] | None = None)
     cmd = [str(BIN / "dagster-webserver"), "-w", str(workspace), "-h", "127.0.0.1"]
     cmd += ["-p", str(port)]
     url = f"http://127.0.0.1:{port}"
-    with _process(cmd, env, home, home / "webserver.log") as log:
+    log = home / "webserver.log"
+    with _process(cmd, env, home, log):
 
         def answers() -> bool:
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
+
+from tests.dev_server import free_port
 
 INSTALL_HINT = "PostgreSQL is not installed: apt-get install postgresql"
 SERVER_ACCOUNT = "postgres"  # created by Debian's postgresql-common
@@ -46,12 +47,6 @@ def binaries() -> Path | None:
         if p.parent.parent.name.isdigit()
     ]
     return max(found, key=lambda p: int(p.parent.name)) if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass
@@ -128,7 +123,7 @@ def postgres_server(bin_dir: Path | None = None) -> Iterator[PostgresServer]:
                 "--no-sync",
             ]
         )
-        port = _free_port()
+        port = free_port()
         options = " ".join(f"-c {k}={v}" for k, v in {**SERVER_SETTINGS, "port": port}.items())
         _run(
             [

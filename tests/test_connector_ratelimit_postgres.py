@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
 from connectors.sandbox.server import SandboxServer
+from tests.connector_helpers import acquire_together
 from tests.dev_server import free_port
 
 API_KEY = "key-do-not-store-5522"
@@ -131,16 +131,7 @@ def test_hosts_with_their_own_sqlite_bucket_exceed_it(limited_sandbox, tmp_path)
 
 def test_limiters_in_one_process_share_the_row(postgres_url):
     limiters = [postgres_limiter(postgres_url, API_KEY, 20.0, 3) for _ in range(2)]
-    started = time.monotonic()
-    threads = [
-        threading.Thread(target=lambda lim=lim: [lim.acquire() for _ in range(10)])
-        for lim in limiters
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+    elapsed = acquire_together(limiters, 10)
     assert elapsed >= (20 - 2) / (20.0 * SAFETY) * 0.95  # burst - 1 at once, then the rate
     assert elapsed < 3.0
     hit = limiters[0]

@@ -121,3 +121,21 @@ def test_a_wrong_password_says_to_check_the_password(postgres: PostgresServer, t
     assert f"127.0.0.1:{postgres.port}" in line and "check the user and password" in line
     assert "not-the-password" not in line
     assert not (tmp_path / "data").exists()
+
+
+def test_a_deployments_preparation_refreshes_a_chosen_homes_settings(tmp_path, monkeypatch):
+    """`python -m pipelines.home` (refresh) writes this version's settings over a home the
+    operator chose; the CLI's own preparation leaves an operator's file alone."""
+    chosen = tmp_path / "home"
+    chosen.mkdir()
+    (chosen / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.delenv(POSTGRES_VARIABLE, raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(chosen))
+    home.prepare_instance().dispose()
+    assert (chosen / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.home"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"Dagster instance ready in {chosen}" in done.stdout
+    assert (chosen / "dagster.yaml").read_text() == home.INSTANCE_YAML.read_text()
