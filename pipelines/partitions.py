@@ -34,6 +34,10 @@ TENANT_DIMENSION = "tenant"
 TENANTS = DynamicPartitionsDefinition(name=TENANT_DIMENSION)
 PARTITION_TAG = "dagster/partition"  # the tag Dagster gives a partition's run
 SENSOR_SECONDS = 30
+# A tenant's nightly run executes its steps in its run's process: a process per step costs
+# about nine times the CPU (docs/SIZING.md), and within a run the pools already take one
+# extraction and one DuckDB writer at a time, so separate processes buy little overlap.
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 AssetJob = Any  # what `define_asset_job` returns (Dagster does not export its class)
 
 
@@ -94,8 +98,8 @@ def nightly_per_tenant(
     description: str,
 ) -> ScheduleDefinition:
     """The nightly schedule with a tenants file: one run per tenant that has its partition,
-    each the tenant's own (queued; one per tenant at a time, the queue's global maximum). With
-    several workers, each code location starts the runs of its `share` of the tenants."""
+    each the tenant's own, in process (queued; one per tenant at a time, the queue's global
+    maximum). With several workers, each code location starts the runs of its `share`."""
 
     @schedule(
         name=name,
@@ -117,6 +121,8 @@ def nightly_per_tenant(
                     "adds it within a minute, or `clinical-sync tenants add`); not run tonight"
                 )
                 continue
-            yield RunRequest(run_key=f"{tenant.name}@{when}", partition_key=tenant.name)
+            yield RunRequest(
+                run_key=f"{tenant.name}@{when}", partition_key=tenant.name, run_config=IN_PROCESS
+            )
 
     return nightly

@@ -22,7 +22,7 @@ from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from connectors.sandbox.server import SandboxServer
 from pipelines import definitions
-from pipelines.partitions import TENANT_DIMENSION, TENANTS
+from pipelines.partitions import IN_PROCESS, TENANT_DIMENSION, TENANTS
 from pipelines.resources import ClinicalApiResource, TenantApiResource
 from pipelines.runner import sync
 from pipelines.tenants import Tenants
@@ -94,6 +94,7 @@ def test_the_sensor_keeps_the_partitions_and_the_schedule_runs_each_tenant(tenan
         ticked = tick(schedule, instance, defs)
         assert [r.partition_key for r in ticked.run_requests] == list(NAMES)
         assert len({r.run_key for r in ticked.run_requests}) == 2
+        assert all(r.run_config == IN_PROCESS for r in ticked.run_requests)
 
 
 @pytest.mark.e2e
