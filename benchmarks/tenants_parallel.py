@@ -5,7 +5,9 @@ to 5 requests/s (burst 10). `clinical-sync sync --all-tenants --parallel 10` run
 tenant's full sync at once, each in its own process on one Dagster instance. Then the tenant
 that took longest runs alone, on a fresh warehouse, against the same data.
 
-Prints: the total wall time against that tenant alone (target: within 1.5x), each tenant's
+Prints: the total wall time against that tenant alone (target: within 1.5x), how many tenants
+requested at the same moment (all of them, when none waits in a queue), the floor the CPU sets
+(all runs' CPU seconds over the cores, against the tenant alone), each tenant's
 rate as its service measured it (every window within rate * window + burst; its mean over its
 active span), where a run's time goes (start-up before its first request, requests, the loads
 and publication after its last), CPU seconds and peak memory per concurrent run, and from
@@ -13,7 +15,7 @@ those how many tenants one 2-core worker serves in a night.
 
 Run (the machine is shared: under nice, and say so):
     nice -n 10 .venv/bin/python benchmarks/tenants_parallel.py [--tenants 10] [--scale 1]
-        [--rate 5] [--burst 10] [--night-hours 8]
+        [--rate 5] [--burst 10] [--night-hours 8] [--postgres]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
@@ -33,19 +36,37 @@ from benchmarks.common import record, sandbox_process
 from benchmarks.measure import MIB, child_env, console_script, failure, run_measured
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
+from tests.postgres import postgres_server
 
 WINDOWS = (1.0, 2.0, 5.0, 10.0)
 TARGET = 1.5
 
 
-def tenant_env(tenants_file: Path) -> dict[str, str]:
-    """A tenants deployment's environment: the file, its own instance beside it."""
-    return child_env({"CLINICAL_TENANTS_FILE": str(tenants_file)})
+def tenant_env(tenants_file: Path, postgres_url: str | None) -> dict[str, str]:
+    """A tenants deployment's environment: the file, and its instance beside it (SQLite) or
+    in PostgreSQL (the shared rate limit with it)."""
+    chosen = {"CLINICAL_TENANTS_FILE": str(tenants_file)}
+    if postgres_url is not None:
+        chosen["DAGSTER_POSTGRES_URL"] = postgres_url
+    return child_env(chosen)
 
 
 def spans(arrivals: dict[str, list[float]]) -> dict[str, tuple[float, float, int]]:
     """Per customer: its first and last request (monotonic seconds) and how many."""
     return {name: (min(t), max(t), len(t)) for name, t in arrivals.items() if t}
+
+
+def most_at_once(active: dict[str, tuple[float, float, int]]) -> int:
+    """The most tenants between their first and last request at one moment: how many truly
+    ran side by side (a queue would show 1)."""
+    edges = [(first, 1) for first, _, _ in active.values()]
+    edges += [(last, -1) for _, last, _ in active.values()]
+    edges.sort(key=lambda edge: (edge[0], -edge[1]))
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    return most
 
 
 def rate_figures(times: list[float], rate: float, burst: int) -> tuple[float, bool, dict[str, int]]:
@@ -63,6 +84,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5.0)
     parser.add_argument("--burst", type=int, default=10)
     parser.add_argument("--night-hours", type=float, default=8.0)
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="the instance (and the rate limit) in a throwaway PostgreSQL, as deployed",
+    )
     args = parser.parse_args()
     cli = console_script("clinical-sync")
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
@@ -72,12 +98,15 @@ def main() -> None:
         *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}", "--burst", str(args.burst)),
     ]
     try:
-        with sandbox_process(*sandbox) as env:
+        with ExitStack() as stack:
+            server = stack.enter_context(postgres_server()) if args.postgres else None
+            env = stack.enter_context(sandbox_process(*sandbox))
+            urls = [server.database(), server.database()] if server else [None, None]
             control = SandboxControl.from_env(env)
             launched = time.monotonic()
             run = run_measured(
                 [cli, "sync", "--all-tenants", "--parallel", str(args.tenants)],
-                tenant_env(together),
+                tenant_env(together, urls[0]),
                 work,
             )
             if run.returncode != 0:
@@ -91,7 +120,9 @@ def main() -> None:
             alone_file.parent.mkdir(parents=True)
             shutil.copy(together, alone_file)
             before = {n: len(c["requests"]) for n, c in control.call("customers").items()}
-            alone = run_measured([cli, "sync", "--tenant", slowest], tenant_env(alone_file), work)
+            alone = run_measured(
+                [cli, "sync", "--tenant", slowest], tenant_env(alone_file, urls[1]), work
+            )
             if alone.returncode != 0:
                 raise failure(f"sync --tenant {slowest}", alone)
             after = {n: len(c["requests"]) for n, c in control.call("customers").items()}
@@ -112,6 +143,7 @@ def main() -> None:
     by_wall = int(at_once * night / total)
     figures = {
         "tenants": args.tenants,
+        "instance": "postgresql" if args.postgres else "sqlite",
         "scale": args.scale,
         "rate_per_tenant": args.rate,
         "burst_per_tenant": args.burst,
@@ -123,6 +155,9 @@ def main() -> None:
         "target_ratio": TARGET,
         "met": ratio <= TARGET,
         "alone_requests": after[slowest] - before[slowest],
+        "tenants_requesting_at_once_max": most_at_once(active),
+        "cpu_floor_all_at_once_s": round(run.cpu_seconds / psutil.cpu_count(), 1),
+        "cpu_floor_ratio_to_alone": round(run.cpu_seconds / psutil.cpu_count() / alone.seconds, 2),
         "requests_per_tenant": {n: c for n, (_, _, c) in active.items()},
         "http_429_per_tenant": throttled,
         "mean_rate_per_tenant": {n: round(r[0], 2) for n, r in rates.items()},
@@ -152,7 +187,7 @@ def main() -> None:
     }
     for name, value in figures.items():
         print(f"{name:32} {value}")
-    record("tenants_parallel", figures)
+    record("tenants_parallel_postgres" if args.postgres else "tenants_parallel", figures)
 
 
 def parse_table(stdout: str) -> dict[str, float]:

@@ -44,7 +44,7 @@ def sync(args: argparse.Namespace) -> int:
     _ = tenant.settings() if tenant else Settings.from_env()
     log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
-    with terminal_progress(), home.instance() as instance:
+    with terminal_progress(), home.instance(prepared=args.instance_prepared) as instance:
         report = run_sync(
             os.environ,
             lake_root=str(tenant.lake) if tenant else home.lake_root(),

@@ -179,6 +179,7 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every tenant, each in its own process; exits with the worst tenant's status",
     )
+    p.add_argument("--instance-prepared", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--parallel",
         type=_positive,

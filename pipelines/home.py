@@ -201,8 +201,19 @@ def _set_pool_limits(opened: DagsterInstance) -> None:
 
 
 @contextmanager
-def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
-    """`prepare_instance`, closed at the end."""
+def instance(
+    warehouse: str | Path | None = None, *, prepared: bool = False
+) -> Iterator[DagsterInstance]:
+    """`prepare_instance`, closed at the end. `prepared`: the process that started this one
+    prepared it a moment ago (`sync --all-tenants`), so it is only opened: ten tenants' runs
+    do not wait on each other for the lock of a migration there is nothing to do for."""
+    if prepared:
+        from dagster import DagsterInstance
+
+        dagster_home(warehouse)
+        with DagsterInstance.get() as opened:
+            yield opened
+        return
     with prepare_instance(warehouse) as opened:
         yield opened
 

@@ -112,6 +112,11 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
             assert report.success, report.failure
             run = instance.get_run_by_id(report.run_id)
             assert run.tags["dagster/partition"] == tenant.name
+            settings = tenant.settings()
+            stored = [entry.to_json() for entry in instance.all_logs(report.run_id)]
+            stored.append(str(run.run_config) + str(run.tags))
+            for secret in (settings.client_secret, settings.api_key):  # never in Dagster's store
+                assert not [text for text in stored if secret in text], tenant.name
         assert set(instance.get_dynamic_partitions(TENANT_DIMENSION)) == set(NAMES)
     after = customers.sandbox.customer_requests()
     for name in NAMES:  # each customer's data was asked for with its own credentials
