@@ -104,7 +104,9 @@ def postgres_server(bin_dir: Path | None = None) -> Iterator[PostgresServer]:
         raise FileNotFoundError(INSTALL_HINT)
     root = Path(tempfile.mkdtemp(prefix="clinical-pg-"))
     data, password = root / "data", secrets.token_urlsafe(16)
-    (root / "pwfile").write_text(password + "\n", encoding="utf-8")
+    fd = os.open(root / "pwfile", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(password + "\n")
     if os.geteuid() == 0:
         shutil.chown(root, user=SERVER_ACCOUNT)
         shutil.chown(root / "pwfile", user=SERVER_ACCOUNT)
