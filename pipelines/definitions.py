@@ -59,7 +59,8 @@ from pipelines.table_schemas import with_column_schemas
 from sync.budget import BUDGET_VARIABLE
 from warehouse.private import private_umask
 
-NIGHTLY_CRON = "0 2 * * *"  # unless CLINICAL_NIGHTLY_CRON says otherwise
+NIGHTLY_CRON = "0 2 * * *"
+CRON_VARIABLE = "CLINICAL_NIGHTLY_CRON"
 NIGHTLY_SCHEDULE = "nightly_sync_schedule"
 
 # The code location's processes (code server, run and step workers) write the warehouse, the
@@ -146,7 +147,7 @@ def nightly_schedule(
 ) -> ScheduleDefinition:
     """At CLINICAL_NIGHTLY_CRON (default 02:00) in CLINICAL_TIMEZONE (default UTC): one run, or
     with tenants one run per tenant."""
-    cron = (os.environ.get("CLINICAL_NIGHTLY_CRON") or NIGHTLY_CRON).strip()
+    cron = (os.environ.get(CRON_VARIABLE) or "").strip() or NIGHTLY_CRON
     settings = {
         "name": NIGHTLY_SCHEDULE,
         "cron": cron,
@@ -167,7 +168,9 @@ def nightly_schedule(
             description=settings["description"],
         )
     except DagsterInvalidDefinitionError:  # Dagster's own check of the cron expression
-        raise ConfigError("CLINICAL_NIGHTLY_CRON", "five cron fields such as '0 2 * * *'") from None
+        raise ConfigError(
+            CRON_VARIABLE, "a cron expression of five fields, such as 0 2 * * *"
+        ) from None
 
 
 # Within one run, one step of each pool at a time (one extraction on the run's API key, one
