@@ -1,5 +1,5 @@
 """The tenants file: the customers one deployment syncs, each with its own service, credentials,
-rate limit, warehouse and lake (README, Configuration: tenants).
+rate limit, warehouse and lake (README, Configuration: many customers).
 
 TOML, because Python reads it with `tomllib` (no new library) and it holds comments. One
 `[[tenant]]` table per customer, an optional `[defaults]` table with values every tenant takes
