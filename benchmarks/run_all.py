@@ -40,6 +40,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "expansion_cost": ["--scale", "1"],
     "reconcile_cost": ["--scale", "1", "--drift-every", "20", "--drift-seeds", "1", "2"],
     "worker_sizing": ["--scale", "0.2"],
+    "tenants_parallel": ["--tenants", "3", "--scale", "0.2"],
 }
 
 

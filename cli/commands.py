@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from cli import exit_codes
 from cli import log as cli_log
 from connectors.clinical_records.errors import ConfigError
-from pipelines import home
+from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
 
 if TYPE_CHECKING:
@@ -36,17 +36,23 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
+    from cli.tenants import chosen, sync_all
     from pipelines.runner import check_configuration
     from pipelines.runner import sync as run_sync
 
-    check_configuration(os.environ)  # every configuration problem first, before a log or a run
-    log = cli_log.log_file("sync")
+    if args.all_tenants:
+        return sync_all(args)
+    tenant = chosen(args.tenant)  # None: the one customer of the environment
+    # every configuration problem first, before a log file or a run
+    check_configuration(os.environ, tenant)
+    log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
-    with terminal_progress(), home.instance() as instance:
+    with terminal_progress(), home.instance(prepared=args.instance_prepared) as instance:
         report = run_sync(
             os.environ,
-            lake_root=home.lake_root(),
-            warehouse_path=home.warehouse_path(),
+            lake_root=str(tenant.lake) if tenant else home.lake_root(),
+            warehouse_path=str(tenant.warehouse) if tenant else home.warehouse_path(),
+            tenant=tenant,
             full=args.full,
             only=args.only or (),
             backfill_from=args.backfill_from,
@@ -94,9 +100,14 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def status(args: argparse.Namespace, tenant: str | None = None) -> int:
-    """The published warehouse, per entity set: what it holds and how its last run ended."""
+def status(args: argparse.Namespace) -> int:
+    """The published warehouse, per entity set: what it holds and how its last run ended;
+    with a tenants file, each tenant's."""
+    from cli.tenants import status_tenants
     from warehouse.load import status as warehouse_status
+
+    if args.tenant or home.tenants_file() is not None:
+        return status_tenants(args.tenant or [], as_json=args.json)
 
     path = home.warehouse_path()
     demo = home.demo_warehouse_path()
@@ -110,7 +121,7 @@ def status(args: argparse.Namespace, tenant: str | None = None) -> int:
         print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
         return 1
     if args.json:
-        print(json.dumps(status_json(states, path, tenant), indent=2))
+        print(json.dumps(status_json(states, path), indent=2))
         return 0
     print(status_text(states))
     return 0
@@ -287,12 +298,16 @@ def _stop(signum: int, frame: object) -> None:
 
 def dev_environment(extra: dict[str, str]) -> dict[str, str]:
     """The environment of the webserver and daemon, which run in the Dagster home: the
-    project's .env under the environment, and the warehouse and lake as absolute paths."""
+    project's .env under the environment, and the warehouse, lake and tenants file as absolute
+    paths."""
     from connectors.clinical_records.settings import read_dotenv
 
     env = {**read_dotenv(Path(".env")), **os.environ, **extra}
     env["WAREHOUSE_PATH"] = str(Path(home.warehouse_path()).resolve())
     env["LAKE_ROOT"] = str(Path(home.lake_root()).resolve())
+    tenants_file = home.tenants_file()
+    if tenants_file is not None:
+        env[tenants.TENANTS_VARIABLE] = str(tenants_file)  # absolute, as the other paths
     return env
 
 
@@ -338,9 +353,15 @@ def _stop_group(procs: list[subprocess.Popen]) -> None:
 
 def dev(args: argparse.Namespace) -> int:
     """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
-    a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
-    current commands, run from the Dagster home with the project as working directory."""
-    home.prepare_instance().dispose()  # storage created or migrated before its processes start
+    a sandbox unless CLINICAL_API_BASE_URL or a tenants file is set. What `dagster dev` did,
+    with Dagster's current commands, run from the Dagster home with the project as working
+    directory."""
+    from pipelines.partitions import keep_in_step
+
+    tenants_file = home.tenants_file()
+    with home.instance() as instance:  # storage created or migrated before its processes start
+        if tenants_file is not None:  # the UI shows every tenant's partition from the start
+            keep_in_step(instance, tenants.load(tenants_file).names)
     dagster_home = home.dagster_home()
     target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
     bin_dir = Path(sys.executable).parent
@@ -356,7 +377,7 @@ def dev(args: argparse.Namespace) -> int:
     url = f"http://{UI_HOST}:{args.ui_port}"
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+        if (os.environ.get(SANDBOX_VARIABLE) or tenants_file) and not args.sandbox:
             print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
             return run_group([webserver, daemon], dev_environment({}), dagster_home)
         with sandbox_process(args) as env:

@@ -6,15 +6,17 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
+from pathlib import Path
 
 from cli import exit_codes
 from cli.documents import add_parser as _add_documents
 
 Command = Callable[[argparse.Namespace], int]
+TENANTS_HINT = "CLINICAL_TENANTS_FILE={path} clinical-sync dev (or sync --all-tenants)"
 
 
 def _sandbox(args: argparse.Namespace) -> int:
-    from connectors.sandbox.config import SandboxConfig
+    from connectors.sandbox.config import SandboxConfig, customers
     from connectors.sandbox.server import SandboxServer
 
     config = SandboxConfig(
@@ -38,19 +40,35 @@ def _sandbox(args: argparse.Namespace) -> int:
         config.client_secret = args.client_secret
     if args.api_key:
         config.api_key = args.api_key
+    if args.customers > 1 or args.tenants_file:
+        names = [f"clinic-{n}" for n in range(1, args.customers + 1)]
+        config.customers = customers(names, args.seed)
     print(
         f"generating sandbox data (seed {args.seed}, scale {args.scale:g}, "
         f"values {args.values})...",
         file=sys.stderr,
     )
     server = SandboxServer(config, port=args.port)
-    counts = server.store.counts()
-    print(
-        "records: " + ", ".join(f"{name} {n:,}" for name, n in counts.items()),
-        file=sys.stderr,
-    )
-    for name, value in server.env().items():
-        print(f"{name}={value}")
+    for customer in server.customers:
+        counts = server.store_of(customer.name).counts()
+        print(
+            f"records of {customer.name}: " + ", ".join(f"{k} {n:,}" for k, n in counts.items()),
+            file=sys.stderr,
+        )
+    if args.tenants_file:  # written before the settings end: a reader may use it at once
+        from cli.tenants import sandbox_tenants
+
+        written = sandbox_tenants(server, Path(args.tenants_file))
+        print(
+            f"tenants file {written.path} ({len(written)} tenants; secrets beside it): "
+            f"{TENANTS_HINT.format(path=written.path)}",
+            file=sys.stderr,
+        )
+    for customer in server.customers:
+        if len(server.customers) > 1:
+            print(f"# customer {customer.name}")
+        for name, value in server.env(customer.name).items():
+            print(f"{name}={value}")
     print(flush=True)  # an empty line ends the settings, for programs that read them
     print(f"serving {server.base_url} (Ctrl-C to stop)", file=sys.stderr)
     server.serve_forever()
@@ -115,6 +133,19 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         "spec type allows (leading-zero ids, names as user ids, long decimals, every "
         "date-time form)",
     )
+    p.add_argument(
+        "--customers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="serve N customers, clinic-1 .. clinic-N, each with its own credentials, data "
+        "(seed, seed+1, ...) and rate limit; prints each one's settings (default: 1)",
+    )
+    p.add_argument(
+        "--tenants-file",
+        metavar="PATH",
+        help="write a tenants file for the customers (secrets in files beside it)",
+    )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")
     p.set_defaults(func=_sandbox)
@@ -157,6 +188,20 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="adopt a new service or customer for this warehouse and lake (never by default)",
     )
+    whose = p.add_mutually_exclusive_group()
+    whose.add_argument("--tenant", metavar="NAME", help="one tenant of the tenants file")
+    whose.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="every tenant, each in its own process; exits with the worst tenant's status",
+    )
+    p.add_argument("--instance-prepared", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--parallel",
+        type=_positive,
+        metavar="N",
+        help="with --all-tenants, at most N at once (default: the run queue's maximum)",
+    )
     p.set_defaults(func=_lazy("cli.commands", "sync"), validate=_check_sync)
 
 
@@ -177,7 +222,15 @@ def _check_sync(args: argparse.Namespace) -> str | None:
         return "--backfill-to must be a later date than --backfill-from"
     if start is not None and args.full:
         return "--full and --backfill-from exclude each other (a backfill re-reads a range)"
+    if args.parallel is not None and not args.all_tenants:
+        return "--parallel applies to --all-tenants"
     return None
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:
@@ -187,6 +240,12 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--json", action="store_true", help="one JSON object for scripts (README: status)"
+    )
+    p.add_argument(
+        "--tenant",
+        metavar="NAME",
+        action="append",
+        help="a tenant's warehouse (repeatable; with a tenants file, default: every tenant's)",
     )
     p.set_defaults(func=_lazy("cli.commands", "status"))
 
@@ -213,6 +272,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_tenants(sub: argparse._SubParsersAction) -> None:
+    from cli.tenants import add_parser
+
+    add_parser(sub)
+
+
 def _add_dev(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dev", help="the Dagster UI, against a sandbox unless configured")
     p.add_argument("--sandbox", action="store_true", help="a sandbox even if CLINICAL_* is set")
@@ -232,6 +297,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_rebuild,
     _add_dev,
     _add_documents,
+    _add_tenants,
 ]
 
 
@@ -275,12 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_lines(error: BaseException) -> list[str]:
     """A configuration error: one line per problem, then what to do."""
     problems = str(error).splitlines()
-    if len(problems) == 1:
+    advice = getattr(error, "advice", None)  # a tenants file says where to fix it
+    if len(problems) == 1 and advice is None:
         return [f"clinical-sync: {problems[0]}"]
     return [
         f"clinical-sync: {len(problems)} settings are missing or wrong:",
         *(f"  {line}" for line in problems),
-        "  do:   set them in the environment or in .env (README: Configuration), then run again",
+        "  do:   "
+        + (advice or "set them in the environment or in .env (README: Configuration)")
+        + ", then run again",
     ]
 
 

@@ -30,8 +30,10 @@ from dagster import (
     run_status_sensor,
 )
 
+from connectors.clinical_records.errors import ConfigError
 from pipelines import home
 from pipelines.liveness import PID_TAG
+from pipelines.partitions import PARTITION_TAG, run_tenant
 from pipelines.verdict import Verdict, verdict_of_run
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
 
@@ -132,12 +134,18 @@ def _from_sensor(context: RunStatusSensorContext) -> None:
     run = context.dagster_run
     if PID_TAG in run.tags:
         return  # `clinical-sync` ran it in its own process and concludes it there
+    try:
+        tenant = run_tenant(run.tags, home.tenants_file())
+    except ConfigError as error:  # the message still goes out, naming what is known
+        context.log.warning(f"run {run.run_id}: its tenant is unknown: {error}")
+        tenant = None
     conclude(
         verdict_of_run(context.instance, run),
-        warehouse=home.warehouse_path(),
+        warehouse=str(tenant.warehouse) if tenant else home.warehouse_path(),
         webhook=webhook_from_env(os.environ),
         instance=context.instance,
         say=context.log,
+        tenant=tenant.name if tenant else run.tags.get(PARTITION_TAG),
     )
 
 

@@ -24,6 +24,7 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     Output,
+    PartitionsDefinition,
     asset,
     multi_asset,
 )
@@ -37,7 +38,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
-from pipelines.documents_asset import patient_document_content
+from pipelines.documents_asset import build_content_asset
 from pipelines.keys import (
     ANALYTICS_GROUP,
     API_POOL,
@@ -54,11 +55,12 @@ from pipelines.keys import (
 )
 from pipelines.liveness import run_started_at
 from pipelines.models import Model, models
+from pipelines.partitions import tenant_of
 from pipelines.resources import (
-    ClinicalApiResource,
-    LakeResource,
+    ApiAccess,
+    LakeAccess,
     SyncOptionsResource,
-    WarehouseResource,
+    WarehouseAccess,
 )
 from sync.budget import (
     allot,
@@ -181,7 +183,9 @@ def _set_input(
     return one
 
 
-def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
+def build_extract_asset(
+    family: Sequence[EntitySet], partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
     """One extraction per family: a set and the sets that ride in its pages (one request
     carries a hundred parents and their children), a lake asset for each."""
     root = family[0]
@@ -198,24 +202,31 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
         for e in family
     }
 
-    @multi_asset(outs=outs, name=f"extract_{root.table}", **in_pool(API_POOL), can_subset=True)
+    @multi_asset(
+        outs=outs,
+        name=f"extract_{root.table}",
+        **in_pool(API_POOL),
+        can_subset=True,
+        partitions_def=partitions_def,
+    )
     def extract_family_assets(
         context,  # AssetExecutionContext (Dagster needs it unannotated under PEP 563)
-        clinical_api: ClinicalApiResource,
-        lake: LakeResource,
-        warehouse: WarehouseResource,
+        clinical_api: ApiAccess,
+        lake: LakeAccess,
+        warehouse: WarehouseAccess,
         sync_options: SyncOptionsResource,
     ) -> Iterator[Output[Extraction]]:
-        settings = clinical_api.settings()
+        tenant = tenant_of(context)
+        settings = clinical_api.settings(tenant)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
         inputs = {}
-        with Committed(warehouse.working()) as committed:  # one read-only look per step
+        with Committed(warehouse.working(tenant)) as committed:  # one read-only look per step
             options = _within_budget(context, sync_options, settings.rate_limit, committed)
             for e in chosen:
                 state = committed.state(e)
                 todo = plan(e, state, options)
                 inputs[e.name] = _set_input(committed, e, todo, state.watermark)
-        the_lake = lake.lake()
+        the_lake = lake.lake(tenant)
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
@@ -276,8 +287,11 @@ def _how(entity: EntitySet) -> str:
     return STRATEGY_TEXT[entity.strategy]
 
 
-def build_load_asset(entity: EntitySet) -> AssetsDefinition:
+def build_load_asset(
+    entity: EntitySet, partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
     @asset(
+        partitions_def=partitions_def,
         key=table_key(entity),
         ins={"extraction": AssetIn(key=lake_key(entity))},
         group_name=CLINICAL_GROUP,
@@ -291,12 +305,13 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
     def load_entity(
         context,  # AssetExecutionContext
         extraction: Extraction,
-        clinical_api: ClinicalApiResource,
-        warehouse: WarehouseResource,
+        clinical_api: ApiAccess,
+        warehouse: WarehouseAccess,
         sync_options: SyncOptionsResource,
     ) -> Iterator[Any]:
-        settings = clinical_api.settings()
-        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+        tenant = tenant_of(context)
+        settings = clinical_api.settings(tenant)
+        with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
@@ -365,7 +380,9 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
     return load_entity
 
 
-def build_models_asset(found: list[Model]) -> AssetsDefinition:
+def build_models_asset(
+    found: list[Model], partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
     specs = [
         AssetSpec(
             model_key(m.name),
@@ -378,9 +395,15 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
         for m in found
     ]
 
-    @multi_asset(specs=specs, name="analytics_models", **in_pool(WAREHOUSE_POOL), can_subset=True)
-    def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
-        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+    @multi_asset(
+        specs=specs,
+        name="analytics_models",
+        **in_pool(WAREHOUSE_POOL),
+        can_subset=True,
+        partitions_def=partitions_def,
+    )
+    def analytics_models(context, warehouse: WarehouseAccess) -> Iterator[MaterializeResult]:
+        with Warehouse(warehouse.working(tenant_of(context)), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.refresh_models()
             for m in found:
@@ -394,7 +417,10 @@ def build_models_asset(found: list[Model]) -> AssetsDefinition:
     return analytics_models
 
 
-def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> AssetsDefinition:
+def build_publish_asset(
+    upstream: Sequence[AssetKey | AssetsDefinition],
+    partitions_def: PartitionsDefinition | None = None,
+) -> AssetsDefinition:
     """`published/warehouse`, downstream of every step that writes the warehouse: it runs
     when they all succeeded (a failed or skipped one skips it), so a failed run publishes
     nothing. Alone in the `warehouse` pool, like every step that writes DuckDB."""
@@ -407,13 +433,17 @@ def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> Asse
         kinds={"duckdb"},
         owners=OWNERS,
         **in_pool(WAREHOUSE_POOL),
+        partitions_def=partitions_def,
         description=(
             "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
             "committed it, published atomically; open connections keep the previous one"
         ),
     )
-    def published_warehouse(context, warehouse: WarehouseResource) -> MaterializeResult:
-        done = publish(warehouse.working(), warehouse.path, wait=LOCK_WAIT_SECONDS)
+    def published_warehouse(context, warehouse: WarehouseAccess) -> MaterializeResult:
+        tenant = tenant_of(context)
+        done = publish(
+            warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
+        )
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         return MaterializeResult(
             metadata={
@@ -430,17 +460,20 @@ def _keys(upstream: AssetKey | AssetsDefinition) -> list[AssetKey]:
     return [upstream] if isinstance(upstream, AssetKey) else list(upstream.keys)
 
 
-def build_assets() -> list[AssetsDefinition]:
-    out: list[AssetsDefinition] = [build_extract_asset(family) for family in FAMILIES]
-    out += [build_load_asset(entity) for entity in ALL_ENTITIES]
-    out.append(build_models_asset(models()))
+def build_assets(partitions_def: PartitionsDefinition | None = None) -> list[AssetsDefinition]:
+    """Per family an extraction, per set a load, the models and the documents' files; every
+    one partitioned by `partitions_def` (tenants) or none."""
+    out = [build_extract_asset(family, partitions_def) for family in FAMILIES]
+    out += [build_load_asset(entity, partitions_def) for entity in ALL_ENTITIES]
+    out.append(build_models_asset(models(), partitions_def))
+    out.append(build_content_asset(partitions_def))
     return out
 
 
-def build_sync_assets() -> list[AssetsDefinition]:
-    """The entity sets' assets and the models, then their publication."""
-    found = [*build_assets(), patient_document_content]
-    return [*found, build_publish_asset(found)]
+def build_sync_assets(partitions_def: PartitionsDefinition | None = None) -> list[AssetsDefinition]:
+    """The entity sets' assets, the models and the documents' files, then their publication."""
+    found = build_assets(partitions_def)
+    return [*found, build_publish_asset(found, partitions_def)]
 
 
 def build_reference_checks():

@@ -30,7 +30,8 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
 from pipelines.keys import table_key
-from pipelines.resources import WarehouseResource
+from pipelines.partitions import tenant_of
+from pipelines.resources import WarehouseAccess
 from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
@@ -227,8 +228,9 @@ def reference_check(ref: Reference):
             "(dangling references counted, WARN: the source has some)"
         ),
     )
-    def check(context, warehouse: WarehouseResource):
-        with Warehouse(warehouse.working(), read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+    def check(context, warehouse: WarehouseAccess):
+        working = warehouse.working(tenant_of(context))
+        with Warehouse(working, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
             total, missing = quality.dangling(
                 wh.con, ref.source, ref.navigation.local, ref.target, ref.navigation.remote
             )

@@ -1,6 +1,7 @@
-"""Where things are kept: DAGSTER_HOME, the lake and the warehouse, and the instance's storage.
-The one module that reads WAREHOUSE_PATH, LAKE_ROOT, DAGSTER_HOME and DAGSTER_POSTGRES_URL
-from the environment; everyone else asks it.
+"""Where things are kept: DAGSTER_HOME, the lake and the warehouse, the instance's storage and
+the tenants file. The one module that reads WAREHOUSE_PATH, LAKE_ROOT, DAGSTER_HOME,
+DAGSTER_POSTGRES_URL, CLINICAL_TENANTS_FILE and CLINICAL_WORKER_TENANTS from the environment;
+everyone else asks it.
 
 The defaults are `data/...` under the working directory (docs/ARCHITECTURE.md,
 Configuration); the environment overrides them. Each warehouse has its own Dagster home (run
@@ -8,6 +9,10 @@ history, schedules, logs) beside it, `<warehouse without .duckdb>.dagster/`, unl
 DAGSTER_HOME says otherwise: the runs of one warehouse never mix into another's plots. A home
 gets the repository's `dagster.yaml`; with DAGSTER_POSTGRES_URL set, with the blocks of
 `deploy/dagster-postgres.yaml` laid over it (storage in PostgreSQL, shared by every host).
+
+With a tenants file (CLINICAL_TENANTS_FILE) one instance serves every tenant: its home is
+beside the file (`tenants.toml` -> `tenants.dagster/`) unless DAGSTER_HOME is set, and
+`deploy/dagster-tenants.yaml` is laid over its settings (pools as wide as the runs).
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
-from pipelines import postgres
+from pipelines import postgres, tenants
 from pipelines.resources import DEFAULT_LAKE_ROOT, DEFAULT_WAREHOUSE_PATH
 from warehouse.private import PRIVATE_FILE, private_dir, tighten_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
 POSTGRES_YAML = REPO_ROOT / "deploy" / "dagster-postgres.yaml"
+TENANTS_YAML = REPO_ROOT / "deploy" / "dagster-tenants.yaml"
+WORKER_TENANTS_VARIABLE = "CLINICAL_WORKER_TENANTS"
 DEMO_DIR = "data/demo"  # `clinical-sync demo`'s own lake and warehouse
 
 
@@ -43,6 +50,19 @@ def warehouse_path() -> str:
 def warehouse_path_chosen() -> bool:
     """Whether WAREHOUSE_PATH is set (else the default, or the demo's, is shown)."""
     return bool(os.environ.get("WAREHOUSE_PATH"))
+
+
+def tenants_file() -> Path | None:
+    """CLINICAL_TENANTS_FILE (absolute), or None: one customer from the environment."""
+    return tenants.configured()
+
+
+def worker_tenants() -> list[str] | None:
+    """CLINICAL_WORKER_TENANTS: the tenants whose nightly runs this code location starts, when
+    several workers (code locations) share one tenants file; None: every tenant."""
+    text = os.environ.get(WORKER_TENANTS_VARIABLE) or ""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    return names or None
 
 
 def postgres_url() -> str | None:
@@ -62,19 +82,26 @@ def _laid_over(base: Mapping[str, object], top: Mapping[str, object]) -> dict[st
 
 
 def instance_settings() -> str | None:
-    """The text of a home's dagster.yaml: the repository's file, and with DAGSTER_POSTGRES_URL
-    set, deploy/dagster-postgres.yaml laid over it."""
+    """The text of a home's dagster.yaml: the repository's file, with deploy/dagster-postgres.yaml
+    laid over it when DAGSTER_POSTGRES_URL is set and deploy/dagster-tenants.yaml when a
+    tenants file is."""
     if not INSTANCE_YAML.exists():
         return None
     ours = INSTANCE_YAML.read_text(encoding="utf-8")
-    if postgres_url() is None:
+    overlays = [
+        path
+        for path, chosen in ((POSTGRES_YAML, postgres_url()), (TENANTS_YAML, tenants_file()))
+        if chosen is not None
+    ]
+    if not overlays:
         return ours
     import yaml
 
-    merged = _laid_over(
-        yaml.safe_load(ours), yaml.safe_load(POSTGRES_YAML.read_text(encoding="utf-8"))
-    )
-    header = "# Written by pipelines/home.py from dagster.yaml and deploy/dagster-postgres.yaml.\n"
+    merged = yaml.safe_load(ours)
+    for path in overlays:
+        merged = _laid_over(merged, yaml.safe_load(path.read_text(encoding="utf-8")))
+    sources = " and ".join(f"deploy/{p.name}" for p in overlays)
+    header = f"# Written by pipelines/home.py from dagster.yaml and {sources}.\n"
     return header + yaml.safe_dump(merged, sort_keys=False)
 
 
@@ -83,7 +110,8 @@ def demo_warehouse_path() -> str:
 
 
 def default_dagster_home(warehouse: str | Path) -> Path:
-    """The Dagster home of a warehouse: `data/warehouse.duckdb` -> `data/warehouse.dagster`."""
+    """The Dagster home of a warehouse, `data/warehouse.duckdb` -> `data/warehouse.dagster`, or
+    of a tenants file, `tenants.toml` -> `tenants.dagster`."""
     return Path(warehouse).resolve().with_suffix(".dagster")
 
 
@@ -100,7 +128,11 @@ def dagster_home(warehouse: str | Path | None = None, *, refresh: bool = False) 
     if url is not None:  # PostgresUnreachable before anything is written
         postgres.connect(url).close()
     chosen = os.environ.get("DAGSTER_HOME")
-    home = Path(chosen).resolve() if chosen else default_dagster_home(warehouse or warehouse_path())
+    home = (
+        Path(chosen).resolve()
+        if chosen
+        else default_dagster_home(warehouse or tenants_file() or warehouse_path())
+    )
     private_dir(home)  # Dagster's storage keeps step outputs and logs of PHI-bearing runs
     tighten_tree(home, f"Dagster home {home}")
     target = home / "dagster.yaml"
@@ -169,8 +201,19 @@ def _set_pool_limits(opened: DagsterInstance) -> None:
 
 
 @contextmanager
-def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
-    """`prepare_instance`, closed at the end."""
+def instance(
+    warehouse: str | Path | None = None, *, prepared: bool = False
+) -> Iterator[DagsterInstance]:
+    """`prepare_instance`, closed at the end. `prepared`: the process that started this one
+    prepared it a moment ago (`sync --all-tenants`), so it is only opened: ten tenants' runs
+    do not wait on each other for the lock of a migration there is nothing to do for."""
+    if prepared:
+        from dagster import DagsterInstance
+
+        dagster_home(warehouse)
+        with DagsterInstance.get() as opened:
+            yield opened
+        return
     with prepare_instance(warehouse) as opened:
         yield opened
 

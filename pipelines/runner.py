@@ -27,16 +27,19 @@ from connectors.clinical_records.settings import Settings
 from pipelines import keys
 from pipelines.alerts import conclude
 from pipelines.assets import build_reference_checks, build_sync_assets
-from pipelines.documents_asset import CONTENT_KEY, patient_document_content
+from pipelines.documents_asset import CONTENT_KEY, CONTENT_OP
 from pipelines.keys import lake_key, table_key
 from pipelines.liveness import release_orphans, run_started_at, run_tags
+from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
+    tenant_resources,
 )
 from pipelines.run_failures import first_failure, mark_failed, root_failures
+from pipelines.tenants import Tenant
 from pipelines.verdict import (
     CheckOutcome,
     Verdict,
@@ -136,13 +139,14 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def check_configuration(env: Mapping[str, str]) -> Webhook | None:
+def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) -> Webhook | None:
     """Every setting a run reads, validated before it starts: one ConfigError naming each
-    variable that is missing or wrong. Returns where alerts go (None: nowhere)."""
+    variable that is missing or wrong (the tenant's settings in place of the CLINICAL_*
+    variables). Returns where alerts go (None: nowhere)."""
     problems: list[ConfigError] = []
     webhook = None
     try:
-        settings = Settings.from_env(env)
+        settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
         parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)
     except ConfigError as error:
         problems.extend(getattr(error, "problems", [error]))
@@ -156,15 +160,25 @@ def check_configuration(env: Mapping[str, str]) -> Webhook | None:
 
 
 def resources_from_env(
-    env: Mapping[str, str], lake_root: str, warehouse_path: str, **options: object
+    env: Mapping[str, str],
+    lake_root: str,
+    warehouse_path: str,
+    tenant: Tenant | None = None,
+    **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run; the environment is validated first (ConfigError)."""
-    check_configuration(env)
-    settings = Settings.from_env(env)
-    return {
+    """Resources for an in-process run; the environment (or the tenant's) is validated first
+    (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
+    check_configuration(env, tenant)
+    settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
+    places: dict[str, object] = {
         "clinical_api": ClinicalApiResource.from_settings(settings),
         "lake": LakeResource(root=str(lake_root)),
         "warehouse": WarehouseResource(path=str(warehouse_path)),
+    }
+    if tenant is not None:
+        places = tenant_resources(tenant.file)
+    return {
+        **places,
         "sync_options": SyncOptionsResource(
             **{"nightly_budget": env.get(BUDGET_VARIABLE) or None, **options}  # type: ignore[arg-type]
         ),
@@ -208,9 +222,10 @@ def sync(
     instance: DagsterInstance | None = None,
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
-    tenant: str | None = None,
+    tenant: Tenant | None = None,
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did.
+    With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
     A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
     (`pipelines/alerts.py`: this process concludes the runs it executes)."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
@@ -218,15 +233,26 @@ def sync(
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
-    resources = resources_from_env(env, lake_root, warehouse_path, **options)
+    resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
     webhook = webhook_from_env(env)
+    if tenant is not None:
+        env = tenant.environment(env)  # whose source a failed run is marked against
+        instance = instance or DagsterInstance.ephemeral()
+        if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
+            instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
     if instance is not None:
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
             orphan = instance.get_run_by_id(run_id)
             job_name = orphan.job_name if orphan is not None else "?"
             ending = died(run_id, job_name, "its clinical-sync process ended without finishing")
-            conclude(ending, warehouse=warehouse_path, webhook=webhook, instance=instance)
+            conclude(
+                ending,
+                warehouse=warehouse_path,
+                webhook=webhook,
+                instance=instance,
+                tenant=tenant.name if tenant else None,
+            )
     started = time.monotonic()
     job = (
         keys.BACKFILL_JOB
@@ -237,12 +263,13 @@ def sync(
     )
     result = _materialize(
         job,
-        [*build_sync_assets(), *build_reference_checks()],
+        [*build_sync_assets(TENANTS if tenant else None), *build_reference_checks()],
         resources,
         log_level=log_level,
         instance=instance,
         tags=tags or {},
         selection=selection(resolve(only)),
+        partition_key=tenant.name if tenant else None,
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
     loaded = set_figures(result.all_events)
@@ -253,7 +280,9 @@ def sync(
     report.failed_steps = [step for step, _ in failures]
     if failures:
         report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
-    report.verdict, report.alert = _conclude(result, job, warehouse_path, env, instance, tenant)
+    report.verdict, report.alert = _conclude(
+        result, job, warehouse_path, env, instance, tenant.name if tenant else None
+    )
     return report
 
 
@@ -307,7 +336,7 @@ def sync_documents(
         selection=AssetSelection.assets(
             lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
         ),
-        ops={patient_document_content.op.name: {"config": {"download_content": content}}},
+        ops={CONTENT_OP: {"config": {"download_content": content}}},
     )
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
@@ -327,6 +356,7 @@ def _materialize(
     tags: Mapping[str, str],
     selection: AssetSelection | None = None,
     ops: Mapping[str, object] | None = None,
+    partition_key: str | None = None,
 ):
     """One in-process run under the name of the job it stands for (so the UI lists it on that
     job's page), as the CLI makes them: its log level, liveness tags, no raising."""
@@ -343,6 +373,7 @@ def _materialize(
         instance=instance,
         tags={**run_tags(), **tags},
         raise_on_error=False,
+        partition_key=partition_key,
     )
 
 

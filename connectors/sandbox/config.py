@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
@@ -28,6 +29,30 @@ def checked_values(name: object) -> str:
 
 def _count_like(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass
+class Customer:
+    """One customer of a sandbox: its scope (`svc-customer-api/<name>`), credentials, data
+    and rate limit. None takes the sandbox's value (which may change while it serves)."""
+
+    name: str
+    client_id: str = ""  # default: `<name>-client`
+    client_secret: str = field(default_factory=lambda: _secret("secret"))
+    api_key: str = field(default_factory=lambda: _secret("key"))
+    seed: int | None = None
+    scale: float | None = None
+    rate: float | None = None
+    burst: int | None = None
+
+    def __post_init__(self) -> None:
+        self.client_id = self.client_id or f"{self.name}-client"
+
+
+def customers(names: Sequence[str], seed: int) -> list[Customer]:
+    """Customers named `names`, their data drawn from seeds `seed`, `seed + 1`, ...: each
+    customer's records differ from the others', so a mix would show."""
+    return [Customer(name, seed=seed + number) for number, name in enumerate(names)]
 
 
 @dataclass
@@ -74,6 +99,9 @@ class SandboxConfig:
     # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
     expand_cap: int | None = None
     refuse_document_expand: bool = False
+    # Several customers on one server, each with its own credentials, data and limit; empty:
+    # the one customer above (`customer`, `client_id`, `client_secret`, `api_key`).
+    customers: list[Customer] = field(default_factory=list)
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
         "token_lifetime",
@@ -96,6 +124,18 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         checked_values(self.values)
+
+    def served(self) -> list[Customer]:
+        """The customers this sandbox serves, the first one the default; ValueError when two
+        share a name, client id or API key (a request would not say whose data it reads)."""
+        served = self.customers or [
+            Customer(self.customer, self.client_id, self.client_secret, self.api_key)
+        ]
+        for name in ("name", "client_id", "api_key"):
+            values = [getattr(c, name) for c in served]
+            if len(set(values)) < len(values):
+                raise ValueError(f"two sandbox customers share a {name}")
+        return served
 
     def update(self, **changes: object) -> None:
         """Change runtime settings; an unknown or data-shaping name is refused."""

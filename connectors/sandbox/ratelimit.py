@@ -17,7 +17,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """`rate` requests per second sustained, `burst` at once; `rate=None` disables it."""
+    """Per API key, `rate` requests per second sustained and `burst` at once; each key's own
+    limit (a customer's) or the sandbox's; `rate=None` disables it."""
 
     def __init__(self, rate: float | None, burst: int) -> None:
         self.rate = rate
@@ -29,19 +30,22 @@ class RateLimiter:
     def reconfigure(self, rate: float | None, burst: int) -> None:
         self.rate, self.burst = rate, burst
 
-    def acquire(self, key: str) -> float:
-        """Take one token; return 0 when allowed, else the seconds until one is free."""
+    def acquire(self, key: str, rate: float | None = None, burst: int | None = None) -> float:
+        """Take one token of `key`'s bucket (at `rate` and `burst` when given, a customer's
+        own, else the sandbox's); return 0 when allowed, else the seconds until one is free."""
         now = time.monotonic()
         self.arrivals.setdefault(key, []).append(now)
-        if self.rate is None:
+        rate = self.rate if rate is None else rate
+        burst = self.burst if burst is None else burst
+        if rate is None:
             return 0.0
-        bucket = self._buckets.setdefault(key, _Bucket(float(self.burst), now))
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+        bucket = self._buckets.setdefault(key, _Bucket(float(burst), now))
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
         bucket.updated = now
         if bucket.tokens >= 1:
             bucket.tokens -= 1
             return 0.0
-        return (1 - bucket.tokens) / self.rate
+        return (1 - bucket.tokens) / rate
 
 
 def retry_after_header(wait: float) -> str:
