@@ -22,7 +22,7 @@ from connectors.clinical_records.catalogue import (
     EntitySet,
     entity,
 )
-from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.errors import ConfigError, ConfigErrors
 from connectors.clinical_records.settings import Settings
 from pipelines import keys
 from pipelines.alerts import conclude
@@ -149,7 +149,7 @@ def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) ->
         settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
         parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)
     except ConfigError as error:
-        problems.extend(getattr(error, "problems", [error]))
+        problems.extend(error.problems if isinstance(error, ConfigErrors) else [error])
     try:
         webhook = webhook_from_env(env)
     except ConfigError as error:

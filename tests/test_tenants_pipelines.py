@@ -56,7 +56,11 @@ def test_without_a_tenants_file_nothing_is_partitioned():
     assert all(s.partitions_def is None for s in defs.resolve_all_asset_specs())
     api = defs.resources["clinical_api"]
     assert isinstance(api, ClinicalApiResource) and isinstance(api.api_key, EnvVar)
-    assert [s.name for s in defs.sensors] == ["mark_failed_runs"]
+    assert [s.name for s in defs.sensors] == [
+        "mark_failed_runs",
+        "alert_failed_runs",
+        "alert_inexact_runs",
+    ]
     assert not defs.resolve_job_def("nightly_sync").partitions_def
 
 
