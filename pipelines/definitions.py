@@ -115,10 +115,11 @@ documents_sync = define_asset_job(
 backfill_range = define_asset_job(
     BACKFILL_JOB,
     selection=AssetSelection.assets(
-        *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS], PUBLISHED_KEY
-    ),
+        *[lake_key(e) for e in CURSOR_SETS], *[table_key(e) for e in CURSOR_SETS]
+    ).downstream(),  # the analytics tables that read them, and the publication
     config=_options(backfill_from="YYYY-MM-DD", backfill_to="YYYY-MM-DD"),
-    description="Re-read a date range of the sets with a cursor; the nightly watermark stays",
+    description="Re-read a date range of the sets with a cursor (the nightly watermark stays), "
+    "then the analytics models that read them",
 )
 nightly_schedule = ScheduleDefinition(
     name="nightly_sync_schedule",

@@ -27,7 +27,8 @@ SCHEMAS: dict[str, str] = {
     CLINICAL: "Current state of every entity set, one row per record, soft deletes marked",
     HISTORY: "Type-2 history: every version of every record the syncs have seen",
     OPS: "Sync bookkeeping: watermarks, runs, rejected rows, loaded batches, source",
-    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded)",
+    ANALYTICS: "Linked models for analysts: tables built from clinical after every run's loads, "
+    "deleted rows excluded",
 }
 
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
@@ -116,6 +117,16 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "run_id": ("VARCHAR", "Run that extracted the record"),
             "batch_id": ("VARCHAR", "Lake batch the reject belongs to"),
             "extracted_at": ("TIMESTAMPTZ", "Extraction time of that batch"),
+        },
+    ),
+    "models": (
+        "The analytics tables as last built, so that a publication never copies them older "
+        "than the clinical tables they read",
+        {
+            "name": ("VARCHAR", "Model: the table analytics.<name> (warehouse/sql/NN_<name>.sql)"),
+            "fingerprint": ("VARCHAR", "SHA-256 of the SQL the table was built from"),
+            "built_at": ("TIMESTAMPTZ", "When the table was built (every model together)"),
+            "rows": ("BIGINT", "Rows built"),
         },
     ),
     "loaded_batches": (

@@ -73,6 +73,11 @@ def record_schema(con: duckdb.DuckDBPyConnection, fingerprint: str) -> None:
     con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
 
 
+def schema_applied_at(con: duckdb.DuckDBPyConnection) -> datetime | None:
+    (applied,) = con.execute('SELECT max("applied_at") FROM "ops"."schema_version"').fetchone()
+    return applied
+
+
 def seed_snapshots(con: duckdb.DuckDBPyConnection) -> None:
     """Warehouses made before `ops.snapshots` know their last snapshot only (from
     `sync_state`, its run from the batch ledger): it is the one recorded for them."""
@@ -227,6 +232,15 @@ def sync_state(
     return (row[0], row[1], row[2]) if row else None
 
 
+def last_loads(con: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
+    """Per set, when its last load committed."""
+    rows = con.execute(
+        'SELECT "entity", "last_loaded_at" FROM "ops"."sync_state" '
+        'WHERE "last_loaded_at" IS NOT NULL'
+    ).fetchall()
+    return dict(rows)
+
+
 def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None, datetime | None]]:
     """Per set: since when every record was read (a snapshot or a completed rotation of key
     ranges), and when a key range was last read."""
@@ -339,6 +353,21 @@ def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[
         [entity, UNFIT, run_id],
     ).fetchall()
     return dict(rows)
+
+
+# -- analytics models ----------------------------------------------------------------------
+
+
+def record_models(con: duckdb.DuckDBPyConnection, built: Sequence[tuple[str, str, int]]) -> None:
+    """The models just built, (name, fingerprint of its SQL, rows), replacing the last builds."""
+    con.execute('DELETE FROM "ops"."models"')
+    con.executemany('INSERT INTO "ops"."models" VALUES (?, ?, now(), ?)', list(built))
+
+
+def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetime]]:
+    """Per model: the fingerprint of the SQL its table was built from, and when."""
+    rows = con.execute('SELECT "name", "fingerprint", "built_at" FROM "ops"."models"').fetchall()
+    return {name: (fingerprint, at) for name, fingerprint, at in rows}
 
 
 # -- what a merge reads and records --------------------------------------------------------

@@ -3,7 +3,6 @@
 -- delivered_on is free text in the spec; where it starts with a date (alone or before a
 -- time), that date as written is the delivery day: the clinic's day, whatever the offset
 -- and whatever TimeZone the reading session has.
-CREATE OR REPLACE VIEW analytics.prescription_summary AS
 WITH claim_totals AS (
     SELECT
         prescription_id,
