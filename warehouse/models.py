@@ -103,13 +103,11 @@ def refresh(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> dict[str,
 def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[str]:
     """The models whose table is missing, was built from other SQL, or is older than the
     last load of a set it reads or the last change of the schema. None in a file without
-    `ops.models` (not a warehouse, or one whose analytics are an older version's views,
-    which are never stale)."""
-    try:
-        built = ops.models_built(con)
-    except duckdb.CatalogException:
+    the ops tables this reads (not a warehouse a sync set up, or one whose analytics are an
+    older version's views, which are never stale)."""
+    if not ops.holds(con, "models", "sync_state", "schema_version"):
         return []
-    loaded, schema = ops.last_loads(con), ops.schema_applied_at(con)
+    built, loaded, schema = ops.models_built(con), ops.last_loads(con), ops.schema_applied_at(con)
     out = []
     for model in found:
         fingerprint, at = built.get(model.name, (None, None))

@@ -68,6 +68,16 @@ def applied_schema(con: duckdb.DuckDBPyConnection) -> str | None:
     return row[0] if row else None
 
 
+def holds(con: duckdb.DuckDBPyConnection, *tables: str) -> bool:
+    """Whether every one of these ops tables exists (a file no sync set up has none)."""
+    (found,) = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name IN "
+        "(SELECT unnest(?))",
+        [OPS, list(tables)],
+    ).fetchone()
+    return found == len(tables)
+
+
 def record_schema(con: duckdb.DuckDBPyConnection, fingerprint: str) -> None:
     con.execute('DELETE FROM "ops"."schema_version"')
     con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
