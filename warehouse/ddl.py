@@ -101,7 +101,8 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
     ),
     "rejects": (
         "Notes on records as sent: rejected (kind reject: no usable key), loaded with values "
-        "kept raw (kind unfit) or loaded with a note (kind warning)",
+        "kept raw (kind unfit) or loaded with a note (kind warning); kept when a later read "
+        "loads the key, marked resolved",
         {
             "entity": ("VARCHAR", "Entity set name"),
             "key": ("VARCHAR", "Record key as sent, when known"),
@@ -117,6 +118,13 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "run_id": ("VARCHAR", "Run that extracted the record"),
             "batch_id": ("VARCHAR", "Lake batch the reject belongs to"),
             "extracted_at": ("TIMESTAMPTZ", "Extraction time of that batch"),
+            "resolved_at": (
+                "TIMESTAMPTZ",
+                "Extraction time of the first later batch that loaded the same key (the source "
+                "sent the record again, usable): the note is history. Null while it is the "
+                "latest word on its key; status counts only those",
+            ),
+            "resolved_run_id": ("VARCHAR", "Run that extracted that batch"),
         },
     ),
     "models": (

@@ -262,10 +262,11 @@ def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None,
 
 
 def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
-    """Keys the source sent that were set aside as `kind` (in its count, not in the table)."""
+    """Keys the source sent that were set aside as `kind` (in its count, not in the table)
+    and that no later read has loaded."""
     rows = con.execute(
         'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
-        'AND "key" IS NOT NULL',
+        'AND "key" IS NOT NULL AND "resolved_at" IS NULL',
         [entity, kind],
     ).fetchall()
     return [k for (k,) in rows]
@@ -331,9 +332,9 @@ def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> lis
         rows, deleted = con.execute(
             f'SELECT count(*), count("_deleted_at") FROM {qualified(CLINICAL, ent.table)}'
         ).fetchone()
-        rejects, unfit = con.execute(
+        rejects, unfit = con.execute(  # the notes still the latest word on their record
             'SELECT count(*) FILTER ("kind" = ?), count(*) FILTER ("kind" = ?) '
-            'FROM "ops"."rejects" WHERE "entity" = ?',
+            'FROM "ops"."rejects" WHERE "entity" = ? AND "resolved_at" IS NULL',
             [REJECT, UNFIT, ent.name],
         ).fetchone()
         state = con.execute(
@@ -426,9 +427,37 @@ def first_snapshot_missing(key: str) -> str:
 def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
     """The staged `_rejects` of batches loaded for the first time into ops.rejects."""
     con.execute(
-        """INSERT INTO "ops"."rejects" SELECT "entity", "key", "kind", "fields", "reason",
-            "raw_json", "batch_run_id", "batch_id", "extracted_at" FROM "_rejects"
-            WHERE "new" """
+        """INSERT INTO "ops"."rejects" ("entity", "key", "kind", "fields", "reason", "raw_json",
+                                        "run_id", "batch_id", "extracted_at")
+           SELECT "entity", "key", "kind", "fields", "reason", "raw_json", "batch_run_id",
+                  "batch_id", "extracted_at" FROM "_rejects" WHERE "new" """
+    )
+
+
+def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
+    """Notes on keys of `entity` that no later read has resolved."""
+    (count,) = con.execute(
+        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
+        'AND "resolved_at" IS NULL',
+        [entity],
+    ).fetchone()
+    return int(count)
+
+
+def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+    """A note (reject, unfit, warning) is about its record as one batch sent it; when a
+    later batch loads the same key, the note is history: marked resolved by the first such
+    batch (the staged `_sent`: key as text, extracted_at, run_id). The note stays."""
+    con.execute(
+        """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
+            FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
+                         arg_min(k."run_id", k."extracted_at") AS "run"
+                  FROM "ops"."rejects" AS n
+                  JOIN "_sent" AS k ON k."key" = n."key" AND k."extracted_at" > n."extracted_at"
+                  WHERE n."entity" = ? AND n."resolved_at" IS NULL
+                  GROUP BY n.rowid) AS s
+            WHERE r.rowid = s."note" """,
+        [entity],
     )
 
 
