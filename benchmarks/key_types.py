@@ -238,7 +238,7 @@ def report(
     ratios = {}
     for query in [*QUERIES, "all four"]:
         b, v, a = (medians[n][query] if query in QUERIES else totals[n] for n in LAYOUTS)
-        ratios[query] = round(a / b, 3)
+        ratios[query] = a / b
         print(f"{query:27} {b:7.3f} {v:7.3f} {a:7.3f} {v / b:13.2f} {a / b:13.2f}")
     print(f"the three answer alike: {same}")
     views, tables = builds["views"], builds["tables"]
@@ -269,7 +269,7 @@ def report(
         "repeats": repeats,
         "seconds": {n: {q: round(v, 4) for q, v in m.items()} for n, m in medians.items()},
         "total_seconds": {n: round(v, 4) for n, v in totals.items()},
-        "ratio_after_before": ratios,
+        "ratio_after_before": {q: round(r, 3) for q, r in ratios.items()},
         "ratio_views_before": round(totals["views"] / totals["before"], 3),
         "same_answers": same,
         "builds": builds,
