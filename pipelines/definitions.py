@@ -134,12 +134,11 @@ def jobs() -> list[AssetJob]:
         define_asset_job(
             BACKFILL_JOB,
             selection=AssetSelection.assets(
-                *[lake_key(e) for e in cursor_sets],
-                *[table_key(e) for e in cursor_sets],
-                PUBLISHED_KEY,
-            ),
+                *[lake_key(e) for e in cursor_sets], *[table_key(e) for e in cursor_sets]
+            ).downstream(),  # the analytics tables that read them, and the publication
             config=_options(backfill_from="YYYY-MM-DD", backfill_to="YYYY-MM-DD"),
-            description="Re-read a date range of the sets with a cursor; the nightly watermark stays",
+            description="Re-read a date range of the sets with a cursor (the nightly watermark "
+            "stays), then the analytics models that read them",
         ),
     ]
 

@@ -160,22 +160,30 @@ def test_expansion_cost_refuses_a_rate_its_targets_cannot_use() -> None:
         expansion_args(["--rate", "0"])
 
 
-def test_key_types_builds_both_rules_and_they_answer_alike(tmp_path) -> None:
-    """benchmarks/key_types.py: the same records under main's typing and today's give the
-    same answers from every analytics view, and their ids are typed as each rule says."""
+def test_key_types_builds_every_layout_and_they_answer_alike(tmp_path) -> None:
+    """benchmarks/key_types.py: the same records under main's typing and today's, as views
+    and as the tables a run builds, give the same answers from every model; their ids are
+    typed as each rule says, and building the tables is measured in a child process."""
     import duckdb
 
-    from benchmarks.key_types import QUERIES, measure
+    from benchmarks.key_types import QUERIES, files, measure
 
-    seconds, answers = measure(tmp_path, scale=0.05, repeats=1)
-    assert answers["before"] == answers["after"] == answers["ids_only"]
-    assert all(len(s) == 1 for by_view in seconds.values() for s in by_view.values())
+    paths, builds = files(tmp_path, scale=0.05)
+    seconds, answers = measure(paths, repeats=1)
+    assert answers["before"] == answers["views"] == answers["after"]
+    assert all(len(s) == 1 for by_model in seconds.values() for s in by_model.values())
     assert answers["after"]["prescription_claims"][0][0] > 0  # claims joined their prescriptions
-    types = {}
+    assert len(builds["tables"]) == 2 and builds["tables"][0]["largest_rss_mib"] > 0
+    held = {}
     for name in ("before", "after"):
-        with duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True) as con:
-            types[name] = con.execute(
-                "SELECT data_type FROM duckdb_columns() WHERE table_name = 'claims' "
-                "AND column_name = 'prescription_id'"
-            ).fetchone()[0]
-    assert types == {"before": "BIGINT", "after": "VARCHAR"} and len(QUERIES) == 4
+        with duckdb.connect(str(paths[name]), read_only=True) as con:
+            held[name] = (
+                con.execute(
+                    "SELECT data_type FROM duckdb_columns() WHERE table_name = 'claims' "
+                    "AND column_name = 'prescription_id'"
+                ).fetchone()[0],
+                con.execute(
+                    "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics'"
+                ).fetchone()[0],
+            )
+    assert held == {"before": ("BIGINT", 0), "after": ("VARCHAR", len(QUERIES))}

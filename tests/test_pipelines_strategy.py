@@ -1,4 +1,4 @@
-"""The sync plan per strategy, the cursor filters it renders, watermarks, models and progress."""
+"""The sync plan per strategy, the cursor filters it renders, watermarks and progress."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.query import Query
-from pipelines.models import models, parse
 from sync.extract import KeyRange, _max_cursor, cursor_filter
 from sync.progress import Progress, Tally, TerminalProgress
 from sync.strategy import Mode, Options, SyncState, plan, watermark_of
@@ -182,21 +181,6 @@ def test_a_cursor_in_the_future_holds_the_watermark_at_the_extraction_start(capl
     assert "updated_at reaches 9999-12-31" in caplog.text
 
 
-def test_models_name_their_view_and_the_tables_they_join():
-    found = {m.name: m for m in models()}
-    assert "prescription_claims" in found
-    tables = {e.table for e in found["prescription_claims"].sources}
-    assert {"prescriptions", "claims"} <= tables
-    model = parse("-- Why.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims")
-    assert (model.name, model.description, [e.name for e in model.sources]) == (
-        "x",
-        "Why.",
-        ["Claims"],
-    )
-    with pytest.raises(ValueError):
-        parse("SELECT 1")
-
-
 def test_progress_counts_pages_and_reports_at_the_end():
     lines: list[str] = []
     progress = Progress(lines.append, every=2)
@@ -228,15 +212,3 @@ def test_run_options_are_validated_with_the_setting_named():
         SyncOptionsResource(backfill_to="2026-10-01").options()
     with pytest.raises(ConfigError, match="backfill_to"):
         SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()
-
-
-def test_a_models_description_is_its_whole_first_sentence():
-    model = parse(
-        "-- One row per thing: its parts, and the days from\n-- one step to the next.\n"
-        "-- More detail.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims"
-    )
-    assert (
-        model.description == "One row per thing: its parts, and the days from one step to the next."
-    )
-    summary = next(m for m in models() if m.name == "prescription_summary")
-    assert summary.description.endswith("to first claim.")

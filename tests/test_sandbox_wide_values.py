@@ -345,6 +345,37 @@ def test_claim_amounts_still_add_up_exactly(data):
                 assert Decimal(total) == Decimal(paid) + Decimal(balance)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 29])
+def test_every_decimal_has_at_most_20_integer_and_12_fraction_digits(seed):
+    """The profile's promise (README, "The sandbox"), which DECIMAL(38,12) keeps: claims'
+    balances and patient amounts too, drawn beside `paid` and added to it, and through a
+    day of inserts and updates."""
+    store = Store(seed=seed, scale=0.08, values="wide")
+    days = [store.ground_truth()]
+    with store.lock:
+        store.advance(insert_fraction=0.2, update_fraction=0.2)
+    days.append(store.ground_truth())
+    outside = [
+        (e.name, f.name, row[f.name])
+        for records in days
+        for e in cat.ENTITY_SETS  # documents hold no decimal
+        for row in records[e.name]
+        for f in e.fields
+        if f.type is Edm.DECIMAL
+        and row.get(f.name) is not None
+        and not within_digits(Decimal(row[f.name]), integer=20, fraction=12)
+    ]
+    assert not outside, outside[:5]
+
+
+def within_digits(value: Decimal, *, integer: int, fraction: int) -> bool:
+    """Whether `value` (written with any zeros) needs at most so many digits either side."""
+    with localcontext(prec=64):
+        return abs(value) < Decimal(10) ** integer and value == value.quantize(
+            Decimal(10) ** -fraction
+        )
+
+
 def test_date_times_come_in_every_form_iso_8601_and_odata_allow(data):
     texts = values(data, Edm.DATETIME)
     parts = [INSTANT.fullmatch(t) for t in texts]

@@ -19,8 +19,10 @@ from connectors.clinical_records.catalogue import (
     f,
 )
 from tests.warehouse_records import Harness, record
+from warehouse import ops
 from warehouse.lake import Lake
 from warehouse.load import SourceMismatch, Warehouse, WarehouseLocked, status
+from warehouse.normalise import REJECT
 
 EVERYTHING = """
     SELECT * EXCLUDE ("_extras"), "_extras"::VARCHAR FROM "clinical"."{t}" ORDER BY ALL
@@ -309,6 +311,46 @@ def test_status_reports_rows_rejects_and_watermark(harness):
         "w1",
         "run-001",
     )
+
+
+def notes(harness, kind: str) -> list[tuple]:
+    return harness.rows(
+        'SELECT "key", "run_id", "resolved_run_id" FROM "ops"."rejects" WHERE "kind" = ? '
+        "ORDER BY ALL",
+        [kind],
+    )
+
+
+def counted(harness) -> tuple[int, int]:
+    """(rejects, values kept raw) of Claims as `status` counts them."""
+    claims = {s.entity: s for s in harness.wh.status()}["Claims"]
+    return claims.rejects, claims.unfit
+
+
+def rejected_keys(harness) -> set:
+    """The keys reconciliation counts as held though rejected (sync/state.py)."""
+    return set(ops.rejected_keys(harness.wh.con, "Claims", REJECT))
+
+
+def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_rest(harness):
+    # Run 1: claim "5" sent as a string (no usable key) and claim 6 with an amount that does
+    # not fit; run 2 reads both again, claim 5 fixed and 6 still unfit; run 3 fixes 6.
+    harness.sync(CLAIMS, [record(CLAIMS, 5, id="5"), record(CLAIMS, 6, uncollected="1e5")])
+    assert counted(harness) == (1, 1)
+    assert rejected_keys(harness) == {"5"}
+    harness.sync(CLAIMS, [record(CLAIMS, 5), record(CLAIMS, 6, uncollected="1e5")], day=1)
+    assert notes(harness, "reject") == [("5", "run-001", "run-002")]  # kept, resolved
+    assert notes(harness, "unfit") == [("6", "run-001", "run-002"), ("6", "run-002", None)]
+    assert counted(harness) == (0, 1)
+    assert rejected_keys(harness) == set()  # a resolved reject is not a key held
+    harness.sync(CLAIMS, [record(CLAIMS, 6)], day=2)
+    assert counted(harness) == (0, 0)
+    # A reject after its key loaded stays open: the table holds an older version than the
+    # source last sent (claim 6); claim 7's reject is resolved as before.
+    harness.sync(CLAIMS, [record(CLAIMS, 7, id="7")], day=3)
+    harness.sync(CLAIMS, [record(CLAIMS, 6, id="6"), record(CLAIMS, 7)], day=3)
+    assert counted(harness) == (1, 0)
+    assert notes(harness, "reject")[-1] == ("7", "run-004", "run-005")
 
 
 def test_runs_are_recorded(harness):

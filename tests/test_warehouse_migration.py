@@ -161,6 +161,14 @@ def test_sets_read_again_replace_what_the_old_rule_lost_and_the_lake_rebuilds(tm
         ).fetchall()
     # "00123" and the patient the old rule rejected are back; "123" was never sent.
     assert patients == [("00123",), ("2",), ("3",), ("4",)]
+    # The old rule's reject of patient 4 stays as history, resolved by the read that loaded
+    # it, and `status` no longer counts it.
+    with Warehouse(path) as wh:
+        resolved = wh.con.execute(
+            'SELECT "key", "resolved_run_id" FROM "ops"."rejects" WHERE "kind" = \'reject\''
+        ).fetchall()
+        rejects = {s.entity: s.rejects for s in wh.status()}
+    assert resolved == [("4", "after-1")] and rejects["Patients"] == 0
     assert documents == [("00123",), ("2",), ("3",)]
     assert (results["Patients"].inserted, results["Patients"].soft_deleted) == (2, 1)
     # Claims as sent again are the same content: not a new version of every record.
@@ -200,3 +208,26 @@ def test_old_lake_batches_rebuild_cast_on_read(tmp_path, caplog, with_new_snapsh
     assert reset == {e.name for e in ALL_ENTITIES} - replaced
     said = [r.getMessage() for r in caplog.records if r.name == MIGRATION_LOG]
     assert len(said) == 1 and "rebuilt from lake batches of an older format" in said[0]
+
+
+def test_notes_of_a_warehouse_read_again_before_notes_were_resolved_resolve_on_upgrade(tmp_path):
+    """A warehouse migrated and read again by a version that kept every note open: the next
+    schema change resolves the notes whose key loaded since, as a load would have."""
+    path = old_warehouse(tmp_path / "warehouse.duckdb")
+    lake = Lake(old_lake(tmp_path / "lake"))
+    with Warehouse(path) as wh:
+        wh.ensure_schema()
+        for file in write_as_sent(lake, day=5).values():
+            info = Lake.info(file)
+            wh.load(info.entity, [file], run_id=info.run_id, snapshot=True)
+        resolved = (
+            'SELECT "key", "resolved_at", "resolved_run_id" FROM "ops"."rejects" ORDER BY ALL'
+        )
+        as_loaded = wh.con.execute(resolved).fetchall()
+        assert [k for k, at, _ in as_loaded if at is not None] == ["4"]
+        wh.con.execute('UPDATE "ops"."rejects" SET "resolved_at" = NULL, "resolved_run_id" = NULL')
+        wh.con.execute('DELETE FROM "ops"."schema_version"')  # as a new DDL would
+        assert {s.entity: s.rejects for s in wh.status()}["Patients"] == 1
+        wh.ensure_schema()
+        assert wh.con.execute(resolved).fetchall() == as_loaded
+        assert {s.entity: s.rejects for s in wh.status()}["Patients"] == 0

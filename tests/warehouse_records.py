@@ -7,9 +7,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
+from warehouse.models import models
 from warehouse.normalise import normalise
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
@@ -115,3 +118,14 @@ def contents(path: str | Path) -> dict[str, list[tuple]]:
                 f'SELECT {select} FROM "{schema}"."{table}" ORDER BY ALL'
             ).fetchall()
         return out
+
+
+def analytics_rows(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[list[str], list[str]]]:
+    """Per model: (its table's rows, its SELECT's rows over the clinical tables now), both
+    sorted as text: equal when the table is what the model says of the data beside it."""
+    out = {}
+    for model in models():
+        table = con.execute(f'SELECT * FROM "analytics"."{model.name}"').fetchall()
+        query = con.execute(model.sql).fetchall()
+        out[model.name] = (sorted(map(repr, table)), sorted(map(repr, query)))
+    return out

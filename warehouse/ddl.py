@@ -28,8 +28,8 @@ SCHEMAS: dict[str, str] = {
     HISTORY: "Type-2 history: every version of every record the syncs have seen",
     OPS: "Sync bookkeeping: watermarks, runs and how each set ended, rejected rows, loaded "
     "batches, source",
-    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded) and "
-    "how each set's last run ended (sync_health)",
+    ANALYTICS: "Linked models for analysts: tables built from clinical after every run's loads, "
+    "deleted rows excluded; and how each set's last run ended (sync_health, a view over ops)",
 }
 
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
@@ -136,7 +136,8 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
     ),
     "rejects": (
         "Notes on records as sent: rejected (kind reject: no usable key), loaded with values "
-        "kept raw (kind unfit) or loaded with a note (kind warning)",
+        "kept raw (kind unfit) or loaded with a note (kind warning); kept when a later read "
+        "loads the key, marked resolved",
         {
             "entity": ("VARCHAR", "Entity set name"),
             "key": ("VARCHAR", "Record key as sent, when known"),
@@ -152,6 +153,23 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             "run_id": ("VARCHAR", "Run that extracted the record"),
             "batch_id": ("VARCHAR", "Lake batch the reject belongs to"),
             "extracted_at": ("TIMESTAMPTZ", "Extraction time of that batch"),
+            "resolved_at": (
+                "TIMESTAMPTZ",
+                "Extraction time of the first later batch that loaded the same key (the source "
+                "sent the record again, usable): the note is history. Null while it is the "
+                "latest word on its key; status counts only those",
+            ),
+            "resolved_run_id": ("VARCHAR", "Run that extracted that batch"),
+        },
+    ),
+    "models": (
+        "The analytics tables as last built, so that a publication never copies them older "
+        "than the clinical tables they read",
+        {
+            "name": ("VARCHAR", "Model: the table analytics.<name> (warehouse/sql/NN_<name>.sql)"),
+            "fingerprint": ("VARCHAR", "SHA-256 of the SQL the table was built from"),
+            "built_at": ("TIMESTAMPTZ", "When the table was built (every model together)"),
+            "rows": ("BIGINT", "Rows built"),
         },
     ),
     "loaded_batches": (
@@ -269,6 +287,23 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
         yield from _history_view(entity, f"Every version of {what} seen")
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns)
+    yield SYNC_HEALTH
+    yield f"COMMENT ON VIEW {qualified(ANALYTICS, 'sync_health')} IS {literal(SYNC_HEALTH_MEANING)}"
+
+
+# How each set's last run ended: a view over ops.set_results, so it is current the moment a
+# result is recorded (the analytics models, tables built from clinical, are built before the
+# checks that decide it: warehouse/models.py leaves this view alone).
+SYNC_HEALTH_MEANING = (
+    "How each entity set's last run ended: exact when none of its checks of severity ERROR "
+    "failed, else the records by which it may differ (unreconciled) and the checks that failed"
+)
+DDL_VIEWS = frozenset({"sync_health"})  # analytics views the DDL owns, not models
+SYNC_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, "sync_health")} AS
+SELECT r.entity, r.exact, r.unreconciled, r.failed_checks, r.warned_checks,
+    r.staleness_hours, r.live_rows, r.mode, r.run_id, r.recorded_at
+FROM {qualified(OPS, "set_results")} AS r
+QUALIFY row_number() OVER (PARTITION BY r.entity ORDER BY r.recorded_at DESC) = 1"""
 
 
 def ops_table(name: str) -> Iterator[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Concatenate, ParamSpec, TypeVar
@@ -20,7 +19,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, ops, vacuum
+from warehouse import ddl, migrations, models, ops, vacuum
 from warehouse.connection import Transaction, connect, memory_limit, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
@@ -124,14 +123,15 @@ class Warehouse:
         (skipped while the DDL is the one last applied)."""
         migrations.ensure_schema(self.con, self.entities.values())
 
-    def refresh_models(self) -> list[str]:
-        """Create or replace the analytics views from `warehouse/sql/*.sql`, in name order."""
-        folder = resources.files("warehouse") / "sql"
-        scripts = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str)
-        with self.transaction():
-            for script in scripts:
-                self.con.execute(script.read_text(encoding="utf-8"))
-        return [Path(str(s)).stem for s in scripts]
+    def refresh_models(self) -> dict[str, int]:
+        """Build the analytics tables from `warehouse/sql/*.sql`, in name order, all in one
+        transaction (a failure leaves the previous ones); the rows of each."""
+        with self._transaction():
+            return models.refresh(self.con, models.models())
+
+    def stale_models(self) -> list[str]:
+        """The analytics tables older than the clinical tables they read (`models.stale`)."""
+        return models.stale(self.con, models.models())
 
     # -- source, runs, watermarks ------------------------------------------------------
 

@@ -14,6 +14,7 @@ from warehouse import ddl, ops
 from warehouse.connection import Transaction
 from warehouse.ident import column_list, qualified, quote
 from warehouse.merge import CONTENT_HASH
+from warehouse.normalise import REJECT
 from warehouse.schema import EXTRAS
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet])
         for statement in statements:
             con.execute(statement)
         ops.seed_snapshots(con)
+        resolve_notes_loaded_since(con, entities)
         if retyped:  # every set came through the old rule: its rejects, its silent UTC
             why = f"columns of {', '.join(retyped)} retyped in place; {RETYPED_WHY}"
             read_whole_next(con, [e.name for e in entities], why)
@@ -73,6 +75,34 @@ def history_tables_to_views(con: duckdb.DuckDBPyConnection, entities: Iterable[E
                       AND c."_content_hash" = h."_content_hash")"""
         )
         con.execute(f"DROP TABLE {history}")
+
+
+def resolve_notes_loaded_since(
+    con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]
+) -> None:
+    """Warehouses made before notes were resolved (`ops.rejects.resolved_at`): a note whose
+    key a later extraction loaded (a version of it in clinical or the history, or a later
+    note on a record that loaded) is resolved by the first such extraction, as a load now
+    does. A reject of the old typing rule, whose record the re-read after the migration
+    loaded, is one."""
+    for ent in entities:
+        if not ops.open_notes(con, ent.name):
+            continue
+        key = quote(ent.key)
+        con.execute(
+            f"""CREATE TEMP TABLE "_sent" AS
+                SELECT CAST({key} AS VARCHAR) AS "key", "_extracted_at" AS "extracted_at",
+                       "_run_id" AS "run_id" FROM {qualified(ddl.CLINICAL, ent.table)}
+                UNION ALL
+                SELECT CAST({key} AS VARCHAR), "_valid_from", "_run_id"
+                FROM {qualified(ddl.HISTORY, ddl.superseded_table(ent))}
+                UNION ALL
+                SELECT "key", "extracted_at", "run_id" FROM "ops"."rejects"
+                WHERE "entity" = ? AND "kind" <> ? AND "key" IS NOT NULL""",
+            [ent.name, REJECT],
+        )
+        ops.resolve_notes(con, ent.name)
+        con.execute('DROP TABLE "_sent"')
 
 
 def retype_columns(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[str]:

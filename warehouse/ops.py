@@ -90,9 +90,24 @@ def applied_schema(con: duckdb.DuckDBPyConnection) -> str | None:
     return row[0] if row else None
 
 
+def holds(con: duckdb.DuckDBPyConnection, *tables: str) -> bool:
+    """Whether every one of these ops tables exists (a file no sync set up has none)."""
+    (found,) = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name IN "
+        "(SELECT unnest(?))",
+        [OPS, list(tables)],
+    ).fetchone()
+    return found == len(tables)
+
+
 def record_schema(con: duckdb.DuckDBPyConnection, fingerprint: str) -> None:
     con.execute('DELETE FROM "ops"."schema_version"')
     con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
+
+
+def schema_applied_at(con: duckdb.DuckDBPyConnection) -> datetime | None:
+    (applied,) = con.execute('SELECT max("applied_at") FROM "ops"."schema_version"').fetchone()
+    return applied
 
 
 def seed_snapshots(con: duckdb.DuckDBPyConnection) -> None:
@@ -310,6 +325,15 @@ def sync_state(
     return (row[0], row[1], row[2]) if row else None
 
 
+def last_loads(con: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
+    """Per set, when its last load committed."""
+    rows = con.execute(
+        'SELECT "entity", "last_loaded_at" FROM "ops"."sync_state" '
+        'WHERE "last_loaded_at" IS NOT NULL'
+    ).fetchall()
+    return dict(rows)
+
+
 def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None, datetime | None]]:
     """Per set: since when every record was read (a snapshot or a completed rotation of key
     ranges), and when a key range was last read."""
@@ -321,10 +345,11 @@ def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None,
 
 
 def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
-    """Keys the source sent that were set aside as `kind` (in its count, not in the table)."""
+    """Keys the source sent that were set aside as `kind` (in its count, not in the table)
+    and that no later read has loaded."""
     rows = con.execute(
         'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
-        'AND "key" IS NOT NULL',
+        'AND "key" IS NOT NULL AND "resolved_at" IS NULL',
         [entity, kind],
     ).fetchall()
     return [k for (k,) in rows]
@@ -391,9 +416,9 @@ def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> lis
         rows, deleted = con.execute(
             f'SELECT count(*), count("_deleted_at") FROM {qualified(CLINICAL, ent.table)}'
         ).fetchone()
-        rejects, unfit = con.execute(
+        rejects, unfit = con.execute(  # the notes still the latest word on their record
             'SELECT count(*) FILTER ("kind" = ?), count(*) FILTER ("kind" = ?) '
-            'FROM "ops"."rejects" WHERE "entity" = ?',
+            'FROM "ops"."rejects" WHERE "entity" = ? AND "resolved_at" IS NULL',
             [REJECT, UNFIT, ent.name],
         ).fetchone()
         state = con.execute(
@@ -427,6 +452,21 @@ def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[
         [entity, UNFIT, run_id],
     ).fetchall()
     return dict(rows)
+
+
+# -- analytics models ----------------------------------------------------------------------
+
+
+def record_models(con: duckdb.DuckDBPyConnection, built: Sequence[tuple[str, str, int]]) -> None:
+    """The models just built, (name, fingerprint of its SQL, rows), replacing the last builds."""
+    con.execute('DELETE FROM "ops"."models"')
+    con.executemany('INSERT INTO "ops"."models" VALUES (?, ?, now(), ?)', list(built))
+
+
+def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetime]]:
+    """Per model: the fingerprint of the SQL its table was built from, and when."""
+    rows = con.execute('SELECT "name", "fingerprint", "built_at" FROM "ops"."models"').fetchall()
+    return {name: (fingerprint, at) for name, fingerprint, at in rows}
 
 
 # -- what a merge reads and records --------------------------------------------------------
@@ -475,9 +515,37 @@ def first_snapshot_missing(key: str) -> str:
 def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
     """The staged `_rejects` of batches loaded for the first time into ops.rejects."""
     con.execute(
-        """INSERT INTO "ops"."rejects" SELECT "entity", "key", "kind", "fields", "reason",
-            "raw_json", "batch_run_id", "batch_id", "extracted_at" FROM "_rejects"
-            WHERE "new" """
+        """INSERT INTO "ops"."rejects" ("entity", "key", "kind", "fields", "reason", "raw_json",
+                                        "run_id", "batch_id", "extracted_at")
+           SELECT "entity", "key", "kind", "fields", "reason", "raw_json", "batch_run_id",
+                  "batch_id", "extracted_at" FROM "_rejects" WHERE "new" """
+    )
+
+
+def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
+    """Notes on keys of `entity` that no later read has resolved."""
+    (count,) = con.execute(
+        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
+        'AND "resolved_at" IS NULL',
+        [entity],
+    ).fetchone()
+    return int(count)
+
+
+def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+    """A note (reject, unfit, warning) is about its record as one batch sent it; when a
+    later batch loads the same key, the note is history: marked resolved by the first such
+    batch (the staged `_sent`: key as text, extracted_at, run_id). The note stays."""
+    con.execute(
+        """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
+            FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
+                         arg_min(k."run_id", k."extracted_at") AS "run"
+                  FROM "ops"."rejects" AS n
+                  JOIN "_sent" AS k ON k."key" = n."key" AND k."extracted_at" > n."extracted_at"
+                  WHERE n."entity" = ? AND n."resolved_at" IS NULL
+                  GROUP BY n.rowid) AS s
+            WHERE r.rowid = s."note" """,
+        [entity],
     )
 
 

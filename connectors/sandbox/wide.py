@@ -218,18 +218,22 @@ def decimal_text(units: int, scale: int, style: str) -> str:
     return sign + digits
 
 
-def _random_units(rng: np.random.Generator, n: int) -> tuple[list[int], list[int]]:
-    """`n` unsigned integers of up to MAX_INTEGER_DIGITS + scale digits, and their scales."""
+def _random_units(
+    rng: np.random.Generator, n: int, scales: list[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """`n` unsigned integers of up to MAX_INTEGER_DIGITS + scale digits, and their scales
+    (drawn, unless `scales` gives them: amounts that are added up share one)."""
     whole_digits = rng.choice(
         MAX_INTEGER_DIGITS + 1, n, p=_weights(MAX_INTEGER_DIGITS + 1, favour=range(1, 6))
     )
-    scales = rng.integers(0, MAX_FRACTION_DIGITS + 1, n)
+    if scales is None:
+        scales = rng.integers(0, MAX_FRACTION_DIGITS + 1, n).tolist()
     table = rng.integers(0, 10, (n, MAX_INTEGER_DIGITS + MAX_FRACTION_DIGITS)).tolist()
     units = [
         int("".join(map(str, row[: k + s])) or "0")
-        for row, k, s in zip(table, whole_digits.tolist(), scales.tolist(), strict=True)
+        for row, k, s in zip(table, whole_digits.tolist(), scales, strict=True)
     ]
-    return units, scales.tolist()
+    return units, scales
 
 
 def _weights(size: int, favour: range) -> list[float]:
@@ -256,15 +260,16 @@ def decimals(ctx: Context, fld: Field) -> Column:
 
 def claim_money(ctx: Context, fld: Field) -> Column:
     """Amount = paid + balance exactly, at up to twelve fraction digits and twenty integer
-    ones, each written in its own form: a sum that only exact decimals keep."""
+    ones, each written in its own form: a sum that only exact decimals keep. A claim's
+    amounts share one scale, and a balance is cut where the sum would need a 21st digit."""
     if "wide_amounts" not in ctx.columns:
         paid, scales = _random_units(ctx.rng, ctx.n)
-        balance, _ = _random_units(ctx.rng, ctx.n)
+        balance = _summand(paid, _random_units(ctx.rng, ctx.n, scales)[0], scales)
         overpaid = ctx.rng.random(ctx.n) < 0.05
         balance = [-b if o else b for b, o in zip(balance, overpaid.tolist(), strict=True)]
-        pt_paid, _ = _random_units(ctx.rng, ctx.n)
-        pt_balance, _ = _random_units(ctx.rng, ctx.n)
-        uncollected, _ = _random_units(ctx.rng, ctx.n)
+        pt_paid, _ = _random_units(ctx.rng, ctx.n, scales)
+        pt_balance = _summand(pt_paid, _random_units(ctx.rng, ctx.n, scales)[0], scales)
+        uncollected, _ = _random_units(ctx.rng, ctx.n, scales)
         ctx.columns["wide_amounts"] = {
             "scale": scales,
             "total_claim_paid": paid,
@@ -282,6 +287,15 @@ def claim_money(ctx: Context, fld: Field) -> Column:
     return [
         decimal_text(units, scale, style)
         for units, scale, style in zip(amounts[fld.name], amounts["scale"], styles, strict=True)
+    ]
+
+
+def _summand(paid: list[int], other: list[int], scales: list[int]) -> list[int]:
+    """`other`, each cut to what `paid` leaves below 10**MAX_INTEGER_DIGITS (at its scale),
+    so that paid + other has at most MAX_INTEGER_DIGITS integer digits too."""
+    return [
+        min(o, 10 ** (MAX_INTEGER_DIGITS + s) - 1 - p)
+        for p, o, s in zip(paid, other, scales, strict=True)
     ]
 
 

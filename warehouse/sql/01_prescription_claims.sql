@@ -1,6 +1,5 @@
 -- Prescriptions with their claims: one row per claim, money as exact DECIMAL(38,12).
 -- Joins need no casts: a prescription id has one type in every table (VARCHAR, as sent).
-CREATE OR REPLACE VIEW analytics.prescription_claims AS
 SELECT
     p.id AS prescription_id,
     p.patient_id,
