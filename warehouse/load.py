@@ -126,7 +126,7 @@ class Warehouse:
     def refresh_models(self) -> dict[str, int]:
         """Build the analytics tables from `warehouse/sql/*.sql`, in name order, all in one
         transaction (a failure leaves the previous ones); the rows of each."""
-        with self._transaction():
+        with self.transaction():
             return models.refresh(self.con, models.models())
 
     def stale_models(self) -> list[str]:
