@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test ui-test lint format dev sandbox bench soak clean
+.PHONY: install postgresql demo test ui-test lint format dev sandbox bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/clinical-sync demo
 
-test: $(STAMP)
+# The tests start their own PostgreSQL servers (tests/postgres.py) from Debian's package,
+# installed here when missing; CI (CI set) fails the PostgreSQL tests without it, a developer
+# whose apt-get cannot install it sees them skipped with the command to run.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+postgresql:
+	test -n "$(wildcard /usr/lib/postgresql/*/bin/initdb)" \
+		|| ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) \
+		|| echo "make: PostgreSQL could not be installed; its tests will skip (CI fails them)" >&2
+
+test: $(STAMP) postgresql
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -m "not ui"
@@ -29,7 +38,6 @@ test: $(STAMP)
 # The Dagster UI in a real browser: Debian's chromium driven by playwright (the `ui` extra),
 # both installed here when missing; screenshots in artefacts/ui/.
 CHROMIUM ?= /usr/bin/chromium
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ui-test: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,ui]'
 	test -x $(CHROMIUM) || $(SUDO) apt-get install -y chromium \

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from connectors.sandbox.config import VALUE_PROFILES
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
 
@@ -66,6 +68,12 @@ def add_sandbox_options(
         action="store_true",
         help="the sandbox's switch under which every navigation reference resolves",
     )
+    parser.add_argument(
+        "--values",
+        choices=VALUE_PROFILES,
+        default="spec",
+        help="the sandbox's values profile (wide: every value each spec type allows)",
+    )
 
 
 def sandbox_args(args: argparse.Namespace) -> list[str]:
@@ -75,6 +83,7 @@ def sandbox_args(args: argparse.Namespace) -> list[str]:
         *("--scale", f"{args.scale:g}", "--rate", f"{args.rate:g}"),
         *("--burst", str(args.burst), "--latency", f"{args.latency:g}"),
         *(["--resolved-references"] if resolved else []),
+        *("--values", getattr(args, "values", "spec")),
     ]
 
 

@@ -39,6 +39,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "publish_cost": ["--scales", "10"],
     "expansion_cost": ["--scale", "1"],
     "reconcile_cost": ["--scale", "1", "--drift-every", "20", "--drift-seeds", "1", "2"],
+    "worker_sizing": ["--scale", "0.2"],
+    "tenants_parallel": ["--tenants", "3", "--scale", "0.2"],
 }
 
 

@@ -30,7 +30,8 @@ from connectors.clinical_records.catalogue import (
 
 
 def _instant(value: Any) -> datetime:
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    # ISO 8601 allows a lower-case t and z (RFC 3339, 5.6), which fromisoformat refuses.
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value).upper())
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC)

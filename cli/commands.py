@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -14,12 +15,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli import exit_codes
 from cli import log as cli_log
 from connectors.clinical_records.errors import ConfigError
-from pipelines import home
+from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
 
 if TYPE_CHECKING:
+    from pipelines.webhook import Delivery
     from warehouse.load import EntityStatus
 
 
@@ -33,17 +36,23 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
-    from connectors.clinical_records.settings import Settings
+    from cli.tenants import chosen, sync_all
+    from pipelines.runner import check_configuration
     from pipelines.runner import sync as run_sync
 
-    Settings.from_env()  # every configuration problem first, before a log file or a run
-    log = cli_log.log_file("sync")
+    if args.all_tenants:
+        return sync_all(args)
+    tenant = chosen(args.tenant)  # None: the one customer of the environment
+    # every configuration problem first, before a log file or a run
+    check_configuration(os.environ, tenant)
+    log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
-    with terminal_progress(), home.instance() as instance:
+    with terminal_progress(), home.instance(prepared=args.instance_prepared) as instance:
         report = run_sync(
             os.environ,
-            lake_root=home.lake_root(),
-            warehouse_path=home.warehouse_path(),
+            lake_root=str(tenant.lake) if tenant else home.lake_root(),
+            warehouse_path=str(tenant.warehouse) if tenant else home.warehouse_path(),
+            tenant=tenant,
             full=args.full,
             only=args.only or (),
             backfill_from=args.backfill_from,
@@ -64,12 +73,27 @@ def sync(args: argparse.Namespace) -> int:
         what = f"sync run {report.run_id[:8]} failed in {shown or 'its setup'}"
         why = report.failure_reason or report.failure or "the run failed"
         lines = cli_log.explain(what, why, report.failure_kind, log)
-        print("\n".join(lines), file=sys.stderr)
-        return 1
+        print("\n".join([*lines, *alert_lines(report.alert)]), file=sys.stderr)
+        return exit_codes.FAILED
     print(report.table())
     print("\n".join(report.check_lines()))
     print(f"run {report.run_id}: {report.requests} requests in {report.seconds:.1f} s")
-    return 0
+    verdict = report.verdict
+    if verdict is None or verdict.exact:
+        return exit_codes.EXACT
+    lines = [
+        f"clinical-sync: run {report.run_id[:8]} is NOT EXACT (exit status {exit_codes.NOT_EXACT})"
+    ]
+    for ending in verdict.not_exact:
+        names = ", ".join(c.name for c in ending.failed)
+        lines.append(f"  {ending.entity}: may differ by {ending.unreconciled:,}; failed {names}")
+    print("\n".join([*lines, *alert_lines(report.alert)]), file=sys.stderr)
+    return exit_codes.NOT_EXACT
+
+
+def alert_lines(delivery: Delivery | None) -> list[str]:
+    """What became of the run's message, when one was due (no URL: the host alone)."""
+    return [] if delivery is None else [f"  alert: {delivery}"]
 
 
 def _when(value: datetime | None) -> str:
@@ -77,38 +101,129 @@ def _when(value: datetime | None) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
+    """The published warehouse, per entity set: what it holds and how its last run ended;
+    with a tenants file, each tenant's."""
+    from cli.tenants import status_tenants
     from warehouse.load import status as warehouse_status
+
+    if args.tenant or home.tenants_file() is not None:
+        return status_tenants(args.tenant or [], as_json=args.json)
 
     path = home.warehouse_path()
     demo = home.demo_warehouse_path()
     if not home.warehouse_path_chosen() and not Path(path).exists() and Path(demo).exists():
-        print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
+        if not args.json:
+            print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
         path = demo  # what a user who just ran `make demo` wants to see
     try:
         states = warehouse_status(path)
     except FileNotFoundError:
         print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
         return 1
-    print(status_table(states))
+    if args.json:
+        print(json.dumps(status_json(states, path), indent=2))
+        return 0
+    print(status_text(states))
     return 0
 
 
+def status_text(states: Sequence[EntityStatus]) -> str:
+    """The table, under a line that says so when a set's last run did not end exact."""
+    return "\n".join([*not_exact_lines(states), status_table(states)])
+
+
+def not_exact_lines(states: Sequence[EntityStatus]) -> list[str]:
+    """The line above the table when a set's last run did not end equal to the source."""
+    wrong = [s for s in states if s.last_result is not None and not s.last_result.exact]
+    if not wrong:
+        return []
+    named = ", ".join(
+        f"{s.entity} (by {s.last_result.unreconciled:,}; {', '.join(s.last_result.failed_checks)})"
+        for s in wrong
+        if s.last_result is not None
+    )
+    return [f"NOT EXACT: {len(wrong)} entity sets may differ from the source: {named}"]
+
+
 def status_table(states: Sequence[EntityStatus]) -> str:
-    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's."""
-    rows = [("entity set", "rows", "deleted", "rejects", "watermark", "last run", "loaded at")]
+    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's; `kept
+    raw`, records loaded with a value that did not fit its column (in `_extras`)."""
+    rows = [
+        (
+            "entity set",
+            "rows",
+            "deleted",
+            "rejects",
+            "kept raw",
+            "watermark",
+            "last run",
+            "loaded at",
+            "exact",
+            "differs by",
+            "failed checks",
+            "stale h",
+        )
+    ]
     for s in states:
+        result = s.last_result
         rows.append(
             (
                 s.entity,
                 f"{s.rows - s.deleted:,}",
                 f"{s.deleted:,}",
                 f"{s.rejects:,}",
+                f"{s.unfit:,}",
                 s.watermark or "-",
-                s.last_run_id or "-",
+                (s.last_run_id or "-")[:8],
                 _when(s.last_loaded_at),
+                "-" if result is None else "yes" if result.exact else "NO",
+                "-" if result is None else f"{result.unreconciled:,}",
+                ", ".join(result.failed_checks) if result and result.failed_checks else "-",
+                _hours(result.staleness_hours if result else None),
             )
         )
     return format_table(rows)
+
+
+def _hours(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "never" if value < 0 else f"{value:,.1f}"
+
+
+def status_json(
+    states: Sequence[EntityStatus], path: str | Path, tenant: str | None = None
+) -> dict[str, object]:
+    """`status --json`: the keys are a contract (README, status), added to, never renamed."""
+    results = [s.last_result for s in states if s.last_result is not None]
+    sets = []
+    for s in states:
+        result = s.last_result
+        sets.append(
+            {
+                "entity": s.entity,
+                "table": s.table,
+                "rows": s.rows - s.deleted,
+                "deleted": s.deleted,
+                "rejects": s.rejects,
+                "kept_raw": s.unfit,
+                "watermark": s.watermark,
+                "last_run_id": s.last_run_id,
+                "last_loaded_at": s.last_loaded_at.isoformat() if s.last_loaded_at else None,
+                "exact": result.exact if result else None,
+                "unreconciled": result.unreconciled if result else None,
+                "failed_checks": list(result.failed_checks) if result else [],
+                "warned_checks": list(result.warned_checks) if result else [],
+                "staleness_hours": result.staleness_hours if result else None,
+            }
+        )
+    return {
+        "warehouse": str(path),
+        "tenant": tenant,
+        "exact": all(r.exact for r in results) if results else None,
+        "not_exact": [s.entity for s in states if s.last_result and not s.last_result.exact],
+        "entity_sets": sets,
+    }
 
 
 def format_table(rows: Sequence[Sequence[str]]) -> str:
@@ -183,12 +298,16 @@ def _stop(signum: int, frame: object) -> None:
 
 def dev_environment(extra: dict[str, str]) -> dict[str, str]:
     """The environment of the webserver and daemon, which run in the Dagster home: the
-    project's .env under the environment, and the warehouse and lake as absolute paths."""
+    project's .env under the environment, and the warehouse, lake and tenants file as absolute
+    paths."""
     from connectors.clinical_records.settings import read_dotenv
 
     env = {**read_dotenv(Path(".env")), **os.environ, **extra}
     env["WAREHOUSE_PATH"] = str(Path(home.warehouse_path()).resolve())
     env["LAKE_ROOT"] = str(Path(home.lake_root()).resolve())
+    tenants_file = home.tenants_file()
+    if tenants_file is not None:
+        env[tenants.TENANTS_VARIABLE] = str(tenants_file)  # absolute, as the other paths
     return env
 
 
@@ -234,8 +353,15 @@ def _stop_group(procs: list[subprocess.Popen]) -> None:
 
 def dev(args: argparse.Namespace) -> int:
     """Open the Dagster UI and its daemon (schedules, sensors, run queue, freshness); against
-    a sandbox unless CLINICAL_API_BASE_URL is set. What `dagster dev` did, with Dagster's
-    current commands, run from the Dagster home with the project as working directory."""
+    a sandbox unless CLINICAL_API_BASE_URL or a tenants file is set. What `dagster dev` did,
+    with Dagster's current commands, run from the Dagster home with the project as working
+    directory."""
+    from pipelines.partitions import keep_in_step
+
+    tenants_file = home.tenants_file()
+    with home.instance() as instance:  # storage created or migrated before its processes start
+        if tenants_file is not None:  # the UI shows every tenant's partition from the start
+            keep_in_step(instance, tenants.load(tenants_file).names)
     dagster_home = home.dagster_home()
     target = ["-m", "pipelines.definitions", "-d", str(Path.cwd())]
     bin_dir = Path(sys.executable).parent
@@ -251,7 +377,7 @@ def dev(args: argparse.Namespace) -> int:
     url = f"http://{UI_HOST}:{args.ui_port}"
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        if os.environ.get(SANDBOX_VARIABLE) and not args.sandbox:
+        if (os.environ.get(SANDBOX_VARIABLE) or tenants_file) and not args.sandbox:
             print(f"Dagster UI: {url} (instance {dagster_home}; Ctrl-C stops it)", flush=True)
             return run_group([webserver, daemon], dev_environment({}), dagster_home)
         with sandbox_process(args) as env:

@@ -10,7 +10,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from cli.commands import format_table, status_table, terminal_progress
+from cli import exit_codes
+from cli.commands import format_table, status_text, terminal_progress
 from pipelines import home
 from warehouse.private import private_dir
 from warehouse.publish import working_path
@@ -94,15 +95,19 @@ def demo(args: argparse.Namespace) -> int:
                 f"{n} +{c['inserted']}/~{c['updated']}/-{c['deleted']}" for n, c in changed.items()
             )
         )
-        nightly = run("4. nightly sync (cursors, small snapshots; big snapshots on a cadence) ...")
+        nightly = run(
+            "4. nightly sync (exact: the sets without updated_at read whole, their children in\n"
+            "   their pages; Appointments and Claims past their watermark; small sets whole) ..."
+        )
 
     ratio = nightly.requests / full.requests if full.requests else 0.0
     _say(f"\n5. requests: full sync {full.requests}, nightly sync {nightly.requests} ({ratio:.0%})")
     _say(
-        "   (hard deletes are found every run; updates to Patients and Prescriptions and changes\n"
-        "   to InsuranceVerifications arrive with the periodic snapshot: `sync --full`)"
+        "   (every run ends equal to the source: the day's inserts, updates and hard deletes of\n"
+        "   every set and document, what changed while it read caught up; CLINICAL_NIGHTLY_BUDGET\n"
+        "   caps the requests: the stalest sets are read first, the others report their staleness)"
     )
-    _say(status_table(warehouse_status(warehouse)))
+    _say(status_text(warehouse_status(warehouse)))
     with duckdb.connect(str(warehouse), read_only=True) as con:
         _say("\n6. analytics.prescription_claims by category:")
         result = con.execute(ANALYTICS_QUERY)
@@ -119,7 +124,7 @@ def demo(args: argparse.Namespace) -> int:
         f"{warehouse} make dev\n"
         f"  {warehouse}   the demo's DuckDB file (schemas clinical, analytics, ops)"
     )
-    return 0
+    return exit_codes.EXACT if full.exact and nightly.exact else exit_codes.NOT_EXACT
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

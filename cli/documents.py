@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REFUSED, SETUP = 1, 2
+from cli import exit_codes
+
+REFUSED, SETUP = exit_codes.FAILED, exit_codes.CONFIG
 LIST_COLUMNS = (
     "id",
     "file_name",
@@ -176,6 +178,11 @@ def sync(args: argparse.Namespace) -> int:
         return _fail(REFUSED, f"documents sync failed: {run.failure}\n  log:  {log}")
     print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))
     print(f"run {run.run_id}")
+    if run.verdict is not None and not run.verdict.exact:
+        alert = [f"  alert: {run.alert}"] if run.alert else []
+        checks = [c.name for e in run.verdict.not_exact for c in e.failed]
+        text = f"run {run.run_id[:8]} is NOT EXACT: failed {', '.join(checks)}"
+        return _fail(exit_codes.NOT_EXACT, "\n".join([text, *alert]))
     return 0
 
 

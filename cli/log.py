@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import duckdb
+
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
@@ -42,6 +44,9 @@ ADVICE: dict[type[Exception], str] = {
     SourceMismatch: "use another WAREHOUSE_PATH and LAKE_ROOT, or sync --force",
     WarehouseLocked: "wait for the other sync to finish, then run again",
     ConfigError: "correct the setting named above, then run again",
+    duckdb.OutOfMemoryException: (
+        "raise WAREHOUSE_MEMORY_LIMIT (say 512MB), then run again: what committed stays"
+    ),
 }
 DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

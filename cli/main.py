@@ -6,20 +6,24 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
+from pathlib import Path
 
+from cli import exit_codes
 from cli.documents import add_parser as _add_documents
 
 Command = Callable[[argparse.Namespace], int]
+TENANTS_HINT = "CLINICAL_TENANTS_FILE={path} clinical-sync dev (or sync --all-tenants)"
 
 
 def _sandbox(args: argparse.Namespace) -> int:
-    from connectors.sandbox.config import SandboxConfig
+    from connectors.sandbox.config import SandboxConfig, customers
     from connectors.sandbox.server import SandboxServer
 
     config = SandboxConfig(
         seed=args.seed,
         scale=args.scale,
         resolved_references=args.resolved_references,
+        values=args.values,
         rate=args.rate or None,  # 0 turns the limit off
         burst=args.burst,
         latency=args.latency,
@@ -36,15 +40,35 @@ def _sandbox(args: argparse.Namespace) -> int:
         config.client_secret = args.client_secret
     if args.api_key:
         config.api_key = args.api_key
-    print(f"generating sandbox data (seed {args.seed}, scale {args.scale:g})...", file=sys.stderr)
-    server = SandboxServer(config, port=args.port)
-    counts = server.store.counts()
+    if args.customers > 1 or args.tenants_file:
+        names = [f"clinic-{n}" for n in range(1, args.customers + 1)]
+        config.customers = customers(names, args.seed)
     print(
-        "records: " + ", ".join(f"{name} {n:,}" for name, n in counts.items()),
+        f"generating sandbox data (seed {args.seed}, scale {args.scale:g}, "
+        f"values {args.values})...",
         file=sys.stderr,
     )
-    for name, value in server.env().items():
-        print(f"{name}={value}")
+    server = SandboxServer(config, port=args.port)
+    for customer in server.customers:
+        counts = server.store_of(customer.name).counts()
+        print(
+            f"records of {customer.name}: " + ", ".join(f"{k} {n:,}" for k, n in counts.items()),
+            file=sys.stderr,
+        )
+    if args.tenants_file:  # written before the settings end: a reader may use it at once
+        from cli.tenants import sandbox_tenants
+
+        written = sandbox_tenants(server, Path(args.tenants_file))
+        print(
+            f"tenants file {written.path} ({len(written)} tenants; secrets beside it): "
+            f"{TENANTS_HINT.format(path=written.path)}",
+            file=sys.stderr,
+        )
+    for customer in server.customers:
+        if len(server.customers) > 1:
+            print(f"# customer {customer.name}")
+        for name, value in server.env(customer.name).items():
+            print(f"{name}={value}")
     print(flush=True)  # an empty line ends the settings, for programs that read them
     print(f"serving {server.base_url} (Ctrl-C to stop)", file=sys.stderr)
     server.serve_forever()
@@ -52,6 +76,8 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def _add_sandbox(sub: argparse._SubParsersAction) -> None:
+    from connectors.sandbox.config import VALUE_PROFILES  # light: the catalogue only
+
     p = sub.add_parser("sandbox", help="serve the sandbox and print its CLINICAL_* settings")
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765)")
     p.add_argument("--seed", type=int, default=7, help="seed of the synthetic data (default: 7)")
@@ -99,6 +125,27 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         help="every reference a navigation joins on is set and names a record that exists "
         "(default: some are null, 1%% of claims dangle, as the spec allows)",
     )
+    p.add_argument(
+        "--values",
+        choices=VALUE_PROFILES,
+        default="spec",
+        help="spec: the values the catalogue chose (default); wide: every value each field's "
+        "spec type allows (leading-zero ids, names as user ids, long decimals, every "
+        "date-time form)",
+    )
+    p.add_argument(
+        "--customers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="serve N customers, clinic-1 .. clinic-N, each with its own credentials, data "
+        "(seed, seed+1, ...) and rate limit; prints each one's settings (default: 1)",
+    )
+    p.add_argument(
+        "--tenants-file",
+        metavar="PATH",
+        help="write a tenants file for the customers (secrets in files beside it)",
+    )
     p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
     p.add_argument("--api-key", default=None, help="fixed API key (default: random)")
     p.set_defaults(func=_sandbox)
@@ -141,6 +188,20 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="adopt a new service or customer for this warehouse and lake (never by default)",
     )
+    whose = p.add_mutually_exclusive_group()
+    whose.add_argument("--tenant", metavar="NAME", help="one tenant of the tenants file")
+    whose.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="every tenant, each in its own process; exits with the worst tenant's status",
+    )
+    p.add_argument("--instance-prepared", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--parallel",
+        type=_positive,
+        metavar="N",
+        help="with --all-tenants, at most N at once (default: the run queue's maximum)",
+    )
     p.set_defaults(func=_lazy("cli.commands", "sync"), validate=_check_sync)
 
 
@@ -161,11 +222,31 @@ def _check_sync(args: argparse.Namespace) -> str | None:
         return "--backfill-to must be a later date than --backfill-from"
     if start is not None and args.full:
         return "--full and --backfill-from exclude each other (a backfill re-reads a range)"
+    if args.parallel is not None and not args.all_tenants:
+        return "--parallel applies to --all-tenants"
     return None
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="per entity set: rows, rejects, watermark, last run")
+    p = sub.add_parser(
+        "status",
+        help="per entity set: rows, rejects, watermark, last run and whether it ended exact",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object for scripts (README: status)"
+    )
+    p.add_argument(
+        "--tenant",
+        metavar="NAME",
+        action="append",
+        help="a tenant's warehouse (repeatable; with a tenants file, default: every tenant's)",
+    )
     p.set_defaults(func=_lazy("cli.commands", "status"))
 
 
@@ -191,6 +272,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_tenants(sub: argparse._SubParsersAction) -> None:
+    from cli.tenants import add_parser
+
+    add_parser(sub)
+
+
 def _add_dev(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dev", help="the Dagster UI, against a sandbox unless configured")
     p.add_argument("--sandbox", action="store_true", help="a sandbox even if CLINICAL_* is set")
@@ -210,6 +297,7 @@ PARSERS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_rebuild,
     _add_dev,
     _add_documents,
+    _add_tenants,
 ]
 
 
@@ -217,9 +305,10 @@ def _operator_errors() -> tuple[type[BaseException], ...]:
     """Errors an operator fixes in the configuration or the environment: message, exit 2.
     Imported here, not at the top: `clinical-sync --help` stays fast."""
     from connectors.clinical_records.errors import ConfigError
+    from pipelines.postgres import PostgresUnreachable
     from warehouse.errors import SourceMismatch, WarehouseLocked
 
-    return (ConfigError, WarehouseLocked, SourceMismatch)
+    return (ConfigError, WarehouseLocked, SourceMismatch, PostgresUnreachable)
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -252,12 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _config_lines(error: BaseException) -> list[str]:
     """A configuration error: one line per problem, then what to do."""
     problems = str(error).splitlines()
-    if len(problems) == 1:
+    advice = getattr(error, "advice", None)  # a tenants file says where to fix it
+    if len(problems) == 1 and advice is None:
         return [f"clinical-sync: {problems[0]}"]
     return [
         f"clinical-sync: {len(problems)} settings are missing or wrong:",
         *(f"  {line}" for line in problems),
-        "  do:   set them in the environment or in .env (README: Configuration), then run again",
+        "  do:   "
+        + (advice or "set them in the environment or in .env (README: Configuration)")
+        + ", then run again",
     ]
 
 
@@ -282,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except _operator_errors() as error:
         print("\n".join(_config_lines(error)), file=sys.stderr)
-        return 2
+        return exit_codes.CONFIG
     except Exception as error:  # anything else: a few lines here, the trace in a log file
         if getattr(args, "verbose", False):
             raise
@@ -293,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"{args.command} failed"
         lines = cli_log.explain(what, f"{type(error).__name__}: {error}", None, log)
         print("\n".join(lines), file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
 
 
 if __name__ == "__main__":

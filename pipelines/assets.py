@@ -8,12 +8,14 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
+    AssetCheckSeverity,
     AssetExecutionContext,
     AssetIn,
     AssetKey,
@@ -23,6 +25,7 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     Output,
+    PartitionsDefinition,
     asset,
     multi_asset,
 )
@@ -36,7 +39,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
-from pipelines.documents_asset import patient_document_content
+from pipelines.documents_asset import build_content_asset
 from pipelines.keys import (
     ANALYTICS_GROUP,
     API_POOL,
@@ -46,17 +49,18 @@ from pipelines.keys import (
     PUBLISHED_GROUP,
     PUBLISHED_KEY,
     WAREHOUSE_POOL,
+    in_pool,
     lake_key,
     model_key,
     table_key,
 )
 from pipelines.liveness import run_started_at
-from pipelines.models import Model, models
+from pipelines.partitions import tenant_of
 from pipelines.resources import (
-    ClinicalApiResource,
-    LakeResource,
+    ApiAccess,
+    LakeAccess,
     SyncOptionsResource,
-    WarehouseResource,
+    WarehouseAccess,
 )
 from sync.budget import (
     allot,
@@ -79,9 +83,11 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode, Options, Plan, plan
+from warehouse import ops, quality
 from warehouse.ddl import ANALYTICS
-from warehouse.ident import qualified
-from warehouse.load import LoadResult, Warehouse
+from warehouse.load import LoadResult, SetResult, Warehouse
+from warehouse.models import Model, models
+from warehouse.ops import UNRECONCILED
 from warehouse.publish import publish
 
 # Connector counters -> metadata labels the UI plots run over run.
@@ -119,7 +125,7 @@ def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
     return {
         "reconciled": reconciliation.reconciled,
         "reconcile_requests": reconciliation.requests,
-        "unreconciled": reconciliation.unreconciled,
+        UNRECONCILED: reconciliation.unreconciled,
     }
 
 
@@ -178,7 +184,9 @@ def _set_input(
     return one
 
 
-def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
+def build_extract_asset(
+    family: Sequence[EntitySet], partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
     """One extraction per family: a set and the sets that ride in its pages (one request
     carries a hundred parents and their children), a lake asset for each."""
     root = family[0]
@@ -195,24 +203,31 @@ def build_extract_asset(family: Sequence[EntitySet]) -> AssetsDefinition:
         for e in family
     }
 
-    @multi_asset(outs=outs, name=f"extract_{root.table}", pool=API_POOL, can_subset=True)
+    @multi_asset(
+        outs=outs,
+        name=f"extract_{root.table}",
+        **in_pool(API_POOL),
+        can_subset=True,
+        partitions_def=partitions_def,
+    )
     def extract_family_assets(
         context,  # AssetExecutionContext (Dagster needs it unannotated under PEP 563)
-        clinical_api: ClinicalApiResource,
-        lake: LakeResource,
-        warehouse: WarehouseResource,
+        clinical_api: ApiAccess,
+        lake: LakeAccess,
+        warehouse: WarehouseAccess,
         sync_options: SyncOptionsResource,
     ) -> Iterator[Output[Extraction]]:
-        settings = clinical_api.settings()
+        tenant = tenant_of(context)
+        settings = clinical_api.settings(tenant)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
         inputs = {}
-        with Committed(warehouse.working()) as committed:  # one read-only look per step
+        with Committed(warehouse.working(tenant)) as committed:  # one read-only look per step
             options = _within_budget(context, sync_options, settings.rate_limit, committed)
             for e in chosen:
                 state = committed.state(e)
                 todo = plan(e, state, options)
                 inputs[e.name] = _set_input(committed, e, todo, state.watermark)
-        the_lake = lake.lake()
+        the_lake = lake.lake(tenant)
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
@@ -273,14 +288,17 @@ def _how(entity: EntitySet) -> str:
     return STRATEGY_TEXT[entity.strategy]
 
 
-def build_load_asset(entity: EntitySet) -> AssetsDefinition:
+def build_load_asset(
+    entity: EntitySet, partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
     @asset(
+        partitions_def=partitions_def,
         key=table_key(entity),
         ins={"extraction": AssetIn(key=lake_key(entity))},
         group_name=CLINICAL_GROUP,
         kinds={"duckdb", "table"},
         owners=OWNERS,
-        pool=WAREHOUSE_POOL,
+        **in_pool(WAREHOUSE_POOL),
         tags={"strategy": entity.strategy.value},
         check_specs=checks.table_check_specs(entity),
         description=f"Current {entity.name}: merged by {entity.key}, deletes marked, history kept",
@@ -288,12 +306,13 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
     def load_entity(
         context,  # AssetExecutionContext
         extraction: Extraction,
-        clinical_api: ClinicalApiResource,
-        warehouse: WarehouseResource,
+        clinical_api: ApiAccess,
+        warehouse: WarehouseAccess,
         sync_options: SyncOptionsResource,
     ) -> Iterator[Any]:
-        settings = clinical_api.settings()
-        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+        tenant = tenant_of(context)
+        settings = clinical_api.settings(tenant)
+        with Warehouse(warehouse.working(tenant), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
             wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
@@ -310,15 +329,6 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
             if needs_whole(entity):
                 hours = staleness_hours(covered_since(wh.con, entity), datetime.now(UTC))
             stale = {"source_staleness_hours": staleness_figure(hours)}
-            wh.add_to_run(
-                context.run.run_id,
-                _selected_entities(context),
-                result,
-                full_snapshot=sync_options.full,
-                reconciled=run_figures(extraction.reconciliation),
-                staleness_hours=stale["source_staleness_hours"],
-                started_at=run_started_at(context.instance, context.run.run_id),
-            )
             count = checks.SourceCount.of(
                 wh.con,
                 entity,
@@ -326,18 +336,42 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
                 source=extraction.source_total,
                 stale=extraction.reconciliation.stale,
             )
-            results = checks.table_check_results(count)
+            results = checks.table_check_results(
+                count, ops.run_unfit(wh.con, entity.name, extraction.run_id)
+            )
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
             )
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
+            rows = quality.live_rows(wh.con, entity)
+            ended = SetResult(
+                entity.name,
+                extraction.mode,
+                rows,
+                extraction.reconciliation.unreconciled,
+                failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
+                warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
+                staleness_hours=stale["source_staleness_hours"] if needs_whole(entity) else None,
+            )
+            with wh.transaction():  # the run's figures and how the set ended, together
+                wh.add_to_run(
+                    context.run.run_id,
+                    _selected_entities(context),
+                    result,
+                    full_snapshot=sync_options.full,
+                    reconciled=run_figures(extraction.reconciliation),
+                    staleness_hours=stale["source_staleness_hours"],
+                    started_at=run_started_at(context.instance, context.run.run_id),
+                )
+                wh.record_set_result(context.run.run_id, ended)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata={
                 "mode": extraction.mode,
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
+                **run_figures(extraction.reconciliation),  # `unreconciled` among them
                 **extraction.reconciliation.figures(),
                 **stale,
                 "watermark": watermark or "",
@@ -351,37 +385,53 @@ def build_load_asset(entity: EntitySet) -> AssetsDefinition:
     return load_entity
 
 
-def build_models_asset(found: list[Model]) -> AssetsDefinition:
+def build_models_asset(
+    found: list[Model], partitions_def: PartitionsDefinition | None = None
+) -> AssetsDefinition:
+    """The analytics tables, downstream of the clinical tables each reads: one step builds
+    them all in one transaction after the run's loads (a failure keeps the previous ones,
+    and the publication waits for the next run that builds them)."""
     specs = [
         AssetSpec(
             model_key(m.name),
             deps=[table_key(e) for e in m.sources],
             group_name=ANALYTICS_GROUP,
-            kinds={"duckdb", "sql", "view"},
+            kinds={"duckdb", "sql", "table"},
             owners=OWNERS,
             description=m.description,
         )
         for m in found
     ]
 
-    @multi_asset(specs=specs, name="analytics_models", pool=WAREHOUSE_POOL, can_subset=True)
-    def analytics_models(context, warehouse: WarehouseResource) -> Iterator[MaterializeResult]:
+    @multi_asset(
+        specs=specs,
+        name="analytics_models",
+        **in_pool(WAREHOUSE_POOL),
+        can_subset=True,
+        partitions_def=partitions_def,
+    )
+    def analytics_models(context, warehouse: WarehouseAccess) -> Iterator[MaterializeResult]:
         enter(Phase.LOAD, ANALYTICS)
-        with Warehouse(warehouse.working(), wait=LOCK_WAIT_SECONDS) as wh:
+        with Warehouse(warehouse.working(tenant_of(context)), wait=LOCK_WAIT_SECONDS) as wh:
             wh.ensure_schema()
-            wh.refresh_models()
-            for m in found:
-                key = model_key(m.name)
-                if key not in context.selected_asset_keys:
-                    continue
-                view = qualified(ANALYTICS, m.name)
-                (rows,) = wh.con.execute(f"SELECT count(*) FROM {view}").fetchone()
-                yield MaterializeResult(asset_key=key, metadata={"rows": rows})
+            started = time.monotonic()
+            rows = wh.refresh_models()
+            seconds = round(time.monotonic() - started, 3)
+        context.log.info(f"analytics tables built in {seconds} s: {rows}")
+        for m in found:
+            key = model_key(m.name)
+            if key in context.selected_asset_keys:
+                yield MaterializeResult(
+                    asset_key=key, metadata={"rows": rows[m.name], "build_seconds": seconds}
+                )
 
     return analytics_models
 
 
-def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> AssetsDefinition:
+def build_publish_asset(
+    upstream: Sequence[AssetKey | AssetsDefinition],
+    partitions_def: PartitionsDefinition | None = None,
+) -> AssetsDefinition:
     """`published/warehouse`, downstream of every step that writes the warehouse: it runs
     when they all succeeded (a failed or skipped one skips it), so a failed run publishes
     nothing. Alone in the `warehouse` pool, like every step that writes DuckDB."""
@@ -393,15 +443,19 @@ def build_publish_asset(upstream: Sequence[AssetKey | AssetsDefinition]) -> Asse
         group_name=PUBLISHED_GROUP,
         kinds={"duckdb"},
         owners=OWNERS,
-        pool=WAREHOUSE_POOL,
+        **in_pool(WAREHOUSE_POOL),
+        partitions_def=partitions_def,
         description=(
             "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
             "committed it, published atomically; open connections keep the previous one"
         ),
     )
-    def published_warehouse(context, warehouse: WarehouseResource) -> MaterializeResult:
+    def published_warehouse(context, warehouse: WarehouseAccess) -> MaterializeResult:
         enter(Phase.PUBLISH)
-        done = publish(warehouse.working(), warehouse.path, wait=LOCK_WAIT_SECONDS)
+        tenant = tenant_of(context)
+        done = publish(
+            warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
+        )
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         return MaterializeResult(
             metadata={
@@ -418,17 +472,20 @@ def _keys(upstream: AssetKey | AssetsDefinition) -> list[AssetKey]:
     return [upstream] if isinstance(upstream, AssetKey) else list(upstream.keys)
 
 
-def build_assets() -> list[AssetsDefinition]:
-    out: list[AssetsDefinition] = [build_extract_asset(family) for family in FAMILIES]
-    out += [build_load_asset(entity) for entity in ALL_ENTITIES]
-    out.append(build_models_asset(models()))
+def build_assets(partitions_def: PartitionsDefinition | None = None) -> list[AssetsDefinition]:
+    """Per family an extraction, per set a load, the models and the documents' files; every
+    one partitioned by `partitions_def` (tenants) or none."""
+    out = [build_extract_asset(family, partitions_def) for family in FAMILIES]
+    out += [build_load_asset(entity, partitions_def) for entity in ALL_ENTITIES]
+    out.append(build_models_asset(models(), partitions_def))
+    out.append(build_content_asset(partitions_def))
     return out
 
 
-def build_sync_assets() -> list[AssetsDefinition]:
-    """The entity sets' assets and the models, then their publication."""
-    found = [*build_assets(), patient_document_content]
-    return [*found, build_publish_asset(found)]
+def build_sync_assets(partitions_def: PartitionsDefinition | None = None) -> list[AssetsDefinition]:
+    """The entity sets' assets, the models and the documents' files, then their publication."""
+    found = build_assets(partitions_def)
+    return [*found, build_publish_asset(found, partitions_def)]
 
 
 def build_reference_checks():

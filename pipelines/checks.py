@@ -10,9 +10,10 @@ table, which the instance's daemon evaluates (no sensor, no check step).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import duckdb
 from dagster import (
@@ -29,7 +30,8 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
 from pipelines.keys import table_key
-from pipelines.resources import WarehouseResource
+from pipelines.partitions import tenant_of
+from pipelines.resources import WarehouseAccess
 from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
@@ -39,9 +41,11 @@ from warehouse.load import Warehouse
 UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
 REJECTS = "no_rejects"
+UNFIT = "values_fit_columns"
 RECONCILED = "reconciled_with_source"
 STALENESS = "read_whole_recently"
 FRESH_WITHIN = timedelta(hours=26)
+R = TypeVar("R")
 
 
 def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
@@ -59,6 +63,14 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             ),
         ),
         AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
+        AssetCheckSpec(
+            UNFIT,
+            asset=key,
+            description=(
+                "Records loaded this run with a value that did not fit its column (null "
+                "there, kept as sent in _extras), per field (WARN)"
+            ),
+        ),
         *(
             [
                 AssetCheckSpec(
@@ -83,6 +95,22 @@ def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
             ),
         ),
     ]
+
+
+def failing(results: Iterable[R], severity: AssetCheckSeverity) -> list[R]:
+    """The checks among `results` (results, or outcomes read back from a run's events) that
+    failed at `severity`. One failed at ERROR makes its set, and its run, not exact,
+    whichever check it is and wherever it was evaluated."""
+    return [r for r in results if not r.passed and _severity(r) == severity.value]
+
+
+def failed_names(results: Iterable[Any], severity: AssetCheckSeverity) -> tuple[str, ...]:
+    return tuple(str(r.check_name) for r in failing(results, severity))
+
+
+def _severity(result: Any) -> str:
+    """A result's severity as its name: an enum in a result, a string in an outcome."""
+    return getattr(result.severity, "value", result.severity)
 
 
 def staleness_result(hours: float, threshold: float) -> AssetCheckResult:
@@ -167,9 +195,9 @@ class SourceCount:
         }
 
 
-def table_check_results(count: SourceCount) -> list[AssetCheckResult]:
-    """Unique keys, the count against the source (ERROR: it fails whenever they disagree)
-    and rejects (WARN)."""
+def table_check_results(count: SourceCount, unfit: dict[str, int]) -> list[AssetCheckResult]:
+    """Unique keys, the count against the source (ERROR: it fails whenever they disagree),
+    rejects and values that did not fit their column (both WARN)."""
     if count.source is None:
         matches = AssetCheckResult(
             check_name=MATCHES_SOURCE,
@@ -202,7 +230,21 @@ def table_check_results(count: SourceCount) -> list[AssetCheckResult]:
             severity=AssetCheckSeverity.WARN,
             metadata={"rejected": count.rejected},
         ),
+        unfit_result(unfit),
     ]
+
+
+def unfit_result(unfit: dict[str, int]) -> AssetCheckResult:
+    """Warns, naming the fields, when a value did not fit its column: the record loaded,
+    the value is null there and kept as sent in `_extras` (ops.rejects, kind unfit)."""
+    named = ", ".join(f"{name} {count}" for name, count in unfit.items())
+    return AssetCheckResult(
+        check_name=UNFIT,
+        passed=not unfit,
+        severity=AssetCheckSeverity.WARN,
+        description=f"kept as sent in _extras: {named}" if unfit else "every value fits",
+        metadata={"kept_raw": sum(unfit.values()), **{f"field {k}": v for k, v in unfit.items()}},
+    )
 
 
 @dataclass(frozen=True)
@@ -241,8 +283,9 @@ def reference_check(ref: Reference):
             "(dangling references counted, WARN: the source has some)"
         ),
     )
-    def check(context, warehouse: WarehouseResource):
-        with Warehouse(warehouse.working(), read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+    def check(context, warehouse: WarehouseAccess):
+        working = warehouse.working(tenant_of(context))
+        with Warehouse(working, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
             total, missing = quality.dangling(
                 wh.con, ref.source, ref.navigation.local, ref.target, ref.navigation.remote
             )

@@ -1,19 +1,25 @@
-"""Where things are kept: DAGSTER_HOME, the lake and the warehouse. The one module that reads
-WAREHOUSE_PATH, LAKE_ROOT and DAGSTER_HOME from the environment; everyone else asks it.
+"""Where things are kept: DAGSTER_HOME, the lake and the warehouse, the instance's storage and
+the tenants file. The one module that reads WAREHOUSE_PATH, LAKE_ROOT, DAGSTER_HOME,
+DAGSTER_POSTGRES_URL, CLINICAL_TENANTS_FILE and CLINICAL_WORKER_TENANTS from the environment;
+everyone else asks it.
 
 The defaults are `data/...` under the working directory (docs/ARCHITECTURE.md,
 Configuration); the environment overrides them. Each warehouse has its own Dagster home (run
 history, schedules, logs) beside it, `<warehouse without .duckdb>.dagster/`, unless
 DAGSTER_HOME says otherwise: the runs of one warehouse never mix into another's plots. A home
-gets the repository's `dagster.yaml`.
+gets the repository's `dagster.yaml`; with DAGSTER_POSTGRES_URL set, with the blocks of
+`deploy/dagster-postgres.yaml` laid over it (storage in PostgreSQL, shared by every host).
+
+With a tenants file (CLINICAL_TENANTS_FILE) one instance serves every tenant: its home is
+beside the file (`tenants.toml` -> `tenants.dagster/`) unless DAGSTER_HOME is set, and
+`deploy/dagster-tenants.yaml` is laid over its settings (pools as wide as the runs).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,11 +27,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
+from pipelines import postgres, tenants
 from pipelines.resources import DEFAULT_LAKE_ROOT, DEFAULT_WAREHOUSE_PATH
 from warehouse.private import PRIVATE_FILE, private_dir, tighten_tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
+POSTGRES_YAML = REPO_ROOT / "deploy" / "dagster-postgres.yaml"
+TENANTS_YAML = REPO_ROOT / "deploy" / "dagster-tenants.yaml"
+WORKER_TENANTS_VARIABLE = "CLINICAL_WORKER_TENANTS"
 DEMO_DIR = "data/demo"  # `clinical-sync demo`'s own lake and warehouse
 
 
@@ -42,53 +52,174 @@ def warehouse_path_chosen() -> bool:
     return bool(os.environ.get("WAREHOUSE_PATH"))
 
 
+def tenants_file() -> Path | None:
+    """CLINICAL_TENANTS_FILE (absolute), or None: one customer from the environment."""
+    return tenants.configured()
+
+
+def worker_tenants() -> list[str] | None:
+    """CLINICAL_WORKER_TENANTS: the tenants whose nightly runs this code location starts, when
+    several workers (code locations) share one tenants file; None: every tenant."""
+    text = os.environ.get(WORKER_TENANTS_VARIABLE) or ""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    return names or None
+
+
+def postgres_url() -> str | None:
+    """DAGSTER_POSTGRES_URL: the instance (and the shared rate limit) in PostgreSQL; unset,
+    SQLite files in the Dagster home, as on one machine."""
+    return os.environ.get(postgres.POSTGRES_VARIABLE) or None
+
+
+def _laid_over(base: Mapping[str, object], top: Mapping[str, object]) -> dict[str, object]:
+    """`top`'s keys over `base`'s, mappings merged key by key."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        merged[key] = _laid_over(below, value) if both else value  # type: ignore[arg-type]
+    return merged
+
+
+def instance_settings() -> str | None:
+    """The text of a home's dagster.yaml: the repository's file, with deploy/dagster-postgres.yaml
+    laid over it when DAGSTER_POSTGRES_URL is set and deploy/dagster-tenants.yaml when a
+    tenants file is."""
+    if not INSTANCE_YAML.exists():
+        return None
+    ours = INSTANCE_YAML.read_text(encoding="utf-8")
+    overlays = [
+        path
+        for path, chosen in ((POSTGRES_YAML, postgres_url()), (TENANTS_YAML, tenants_file()))
+        if chosen is not None
+    ]
+    if not overlays:
+        return ours
+    import yaml
+
+    merged = yaml.safe_load(ours)
+    for path in overlays:
+        merged = _laid_over(merged, yaml.safe_load(path.read_text(encoding="utf-8")))
+    sources = " and ".join(f"deploy/{p.name}" for p in overlays)
+    header = f"# Written by pipelines/home.py from dagster.yaml and {sources}.\n"
+    return header + yaml.safe_dump(merged, sort_keys=False)
+
+
 def demo_warehouse_path() -> str:
     return str(Path(DEMO_DIR) / "warehouse.duckdb")
 
 
 def default_dagster_home(warehouse: str | Path) -> Path:
-    """The Dagster home of a warehouse: `data/warehouse.duckdb` -> `data/warehouse.dagster`."""
+    """The Dagster home of a warehouse, `data/warehouse.duckdb` -> `data/warehouse.dagster`, or
+    of a tenants file, `tenants.toml` -> `tenants.dagster`."""
     return Path(warehouse).resolve().with_suffix(".dagster")
 
 
-def dagster_home(warehouse: str | Path | None = None) -> Path:
+def dagster_home(warehouse: str | Path | None = None, *, refresh: bool = False) -> Path:
     """DAGSTER_HOME, else the warehouse's own home; made absolute, created, with our
-    dagster.yaml, and exported so that Dagster (and `dagster dev`'s children) use it.
+    dagster.yaml (`instance_settings`), and exported so that Dagster (and `dagster dev`'s
+    children) use it. On PostgreSQL, only once the server answers (else PostgresUnreachable).
 
-    The default home always gets the repository's current file; a home the operator chose
-    gets it only when it has none (their own settings win).
+    The default home always gets the current settings; a home the operator chose gets them
+    only when it has none (their own settings win), or with `refresh` (a deployment's own
+    preparation, `python -m pipelines.home`, after an upgrade).
     """
+    url = postgres_url()
+    if url is not None:  # PostgresUnreachable before anything is written
+        postgres.connect(url).close()
     chosen = os.environ.get("DAGSTER_HOME")
-    home = Path(chosen).resolve() if chosen else default_dagster_home(warehouse or warehouse_path())
+    home = (
+        Path(chosen).resolve()
+        if chosen
+        else default_dagster_home(warehouse or tenants_file() or warehouse_path())
+    )
     private_dir(home)  # Dagster's storage keeps step outputs and logs of PHI-bearing runs
     tighten_tree(home, f"Dagster home {home}")
     target = home / "dagster.yaml"
-    ours = INSTANCE_YAML.read_text(encoding="utf-8") if INSTANCE_YAML.exists() else None
+    ours = instance_settings()
     default_home = not chosen
     current = target.read_text(encoding="utf-8") if target.exists() else None
-    if ours is not None and current != ours and (current is None or default_home):
+    if ours is not None and current != ours and (current is None or default_home or refresh):
         partial = home / f".dagster.yaml.{os.getpid()}"
-        shutil.copyfile(INSTANCE_YAML, partial)
-        partial.chmod(PRIVATE_FILE)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(ours)
         os.replace(partial, target)  # a concurrent command never reads half a file
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
 
 @contextmanager
-def instance(warehouse: str | Path | None = None) -> Iterator[DagsterInstance]:
-    """The Dagster instance of DAGSTER_HOME (or of the warehouse), its storage created under a
-    file lock: two commands started at once on a new home would otherwise both create the
-    SQLite schema."""
-    from dagster import DagsterInstance
-
-    home = dagster_home(warehouse)
+def _storage_lock(home: Path) -> Iterator[None]:
+    """One process at a time creates or migrates the instance's storage: a file lock in the
+    home for SQLite, a PostgreSQL advisory lock (every host) for PostgreSQL."""
+    url = postgres_url()
+    if url is not None:
+        with postgres.migration_lock(url):
+            yield
+        return
     with (home / ".instance.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            opened = DagsterInstance.get()
-            opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    with opened:
+
+
+def prepare_instance(
+    warehouse: str | Path | None = None, *, refresh: bool = False
+) -> DagsterInstance:
+    """The Dagster instance of DAGSTER_HOME (or of the warehouse), its storage created or
+    migrated now under `_storage_lock`: two commands started at once on a new instance would
+    otherwise both create the schema."""
+    from dagster import DagsterInstance
+
+    url = postgres_url()
+    home = dagster_home(warehouse, refresh=refresh)
+    with _storage_lock(home):
+        opened = DagsterInstance.get()
+        if url is not None:
+            opened.upgrade()  # Dagster's schema migrations; nothing to do when current
+            _set_pool_limits(opened)
+        opened.get_runs(limit=1)  # creates (or migrates) the run and event storage now
+    return opened
+
+
+def _set_pool_limits(opened: DagsterInstance) -> None:
+    """Our pools' rows at the instance's default limit, written here, one process at a time.
+    Left to Dagster (1.13.27), the first step of each pool writes its row, and on PostgreSQL
+    two runs starting together fail there: the loser's INSERT aborts the transaction its
+    UPDATE then runs in (InFailedSqlTransaction)."""
+    from pipelines.keys import API_POOL, WAREHOUSE_POOL
+
+    default = opened.global_op_concurrency_default_limit
+    storage = opened.event_log_storage
+    current = {pool.name: pool.limit for pool in storage.get_pool_limits()}
+    for pool in (API_POOL, WAREHOUSE_POOL):
+        if default is not None and current.get(pool) != default:
+            storage.set_concurrency_slots(pool, default)
+
+
+@contextmanager
+def instance(
+    warehouse: str | Path | None = None, *, prepared: bool = False
+) -> Iterator[DagsterInstance]:
+    """`prepare_instance`, closed at the end. `prepared`: the process that started this one
+    prepared it a moment ago (`sync --all-tenants`), so it is only opened: ten tenants' runs
+    do not wait on each other for the lock of a migration there is nothing to do for."""
+    if prepared:
+        from dagster import DagsterInstance
+
+        dagster_home(warehouse)
+        with DagsterInstance.get() as opened:
+            yield opened
+        return
+    with prepare_instance(warehouse) as opened:
         yield opened
+
+
+if __name__ == "__main__":
+    # `python -m pipelines.home`: the instance of DAGSTER_HOME ready before its processes
+    # start, with the settings of this version (deploy/compose.yaml's `instance` service).
+    prepare_instance(refresh=True).dispose()
+    print(f"Dagster instance ready in {dagster_home()}")

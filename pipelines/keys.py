@@ -14,6 +14,9 @@ PUBLISHED_GROUP = "published"
 OWNERS = ["team:clinical-data"]
 API_POOL = "clinical_api"
 WAREHOUSE_POOL = "warehouse"
+# The op tag that repeats a step's pool, for the executor's limit within one run (definitions.py):
+# the pool's own limit, in the instance's settings, holds across runs (dagster.yaml).
+POOL_TAG = "clinical-sync/pool"
 # Job names: the UI's job pages list a run of `clinical-sync` under the job it stands for.
 NIGHTLY_JOB = "nightly_sync"
 FULL_JOB = "full_resync"
@@ -34,3 +37,9 @@ def model_key(name: str) -> AssetKey:
 
 
 PUBLISHED_KEY = AssetKey([PUBLISHED_GROUP, "warehouse"])
+
+
+def in_pool(pool: str) -> dict[str, object]:
+    """A step's pool and the same name as an op tag (`POOL_TAG`): one step of the pool at a
+    time within a run, whatever limit the instance gives the pool across runs."""
+    return {"pool": pool, "op_tags": {POOL_TAG: pool}}

@@ -1,7 +1,10 @@
 """Thin Dagster resources around the connector, the lake and the warehouse.
 
-The layers below import no Dagster; these classes only carry configuration. Credentials are
-bound as `dagster.EnvVar` in `definitions.py`, so the UI shows variable names, never values.
+The layers below import no Dagster; these classes only carry configuration. Each role (the
+API, the lake, the warehouse) has one interface and two implementations: one customer from
+the environment (credentials bound as `dagster.EnvVar` in `definitions.py`, so the UI shows
+variable names, never values), or every tenant of the tenants file, looked up by the run's
+partition key (`tenant`), credentials read from their variables or files in the step itself.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pydantic import Field as ConfigField
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
+from pipelines import tenants
+from pipelines.tenants import TENANTS_VARIABLE, Tenant
 from sync.strategy import Options
 from warehouse.lake import Lake
 
@@ -35,8 +40,40 @@ TUNING = {
 }
 
 
-class ClinicalApiResource(ConfigurableResource):
-    """The Clinical Records API: credentials and limits, validated by the connector's Settings."""
+class ApiAccess(ConfigurableResource):
+    """The Clinical Records API for a run: the settings of its tenant (None: one customer)."""
+
+    def settings(self, tenant: str | None = None) -> Settings:
+        raise NotImplementedError
+
+
+class LakeAccess(ConfigurableResource):
+    """The Parquet lake of a run's tenant: extraction writes here, loads and rebuilds read."""
+
+    def root_of(self, tenant: str | None = None) -> str:
+        raise NotImplementedError
+
+    def lake(self, tenant: str | None = None) -> Lake:
+        return Lake(Path(self.root_of(tenant)))
+
+
+class WarehouseAccess(ConfigurableResource):
+    """The published warehouse of a run's tenant, which analysts read, and the working copy
+    beside it that the sync writes, one step at a time; see warehouse/publish.py."""
+
+    def published(self, tenant: str | None = None) -> str:
+        raise NotImplementedError
+
+    def working(self, tenant: str | None = None) -> str:
+        """The working copy every step that reads or writes sync state opens."""
+        from sync.state import LOCK_WAIT_SECONDS
+        from warehouse.publish import working_copy
+
+        return str(working_copy(self.published(tenant), wait=LOCK_WAIT_SECONDS))
+
+
+class ClinicalApiResource(ApiAccess):
+    """One customer's API: credentials and limits, validated by the connector's Settings."""
 
     base_url: str = ConfigField(description="CLINICAL_API_BASE_URL")
     auth_url: str = ConfigField(description="CLINICAL_AUTH_URL")
@@ -76,8 +113,9 @@ class ClinicalApiResource(ConfigurableResource):
             }
         )
 
-    def settings(self) -> Settings:
-        """Settings from these fields; a tuning value left unset comes from the environment."""
+    def settings(self, tenant: str | None = None) -> Settings:
+        """Settings from these fields; a tuning value left unset comes from the environment.
+        One customer: the assets are not partitioned, so there is no tenant."""
         limits = {
             variable: str(getattr(self, name))
             for name, variable in TUNING.items()
@@ -96,27 +134,66 @@ class ClinicalApiResource(ConfigurableResource):
         return Settings.from_env(env)
 
 
-class LakeResource(ConfigurableResource):
-    """The Parquet lake (LAKE_ROOT): extraction writes here, loads and rebuilds read here."""
+class LakeResource(LakeAccess):
+    """One customer's lake (LAKE_ROOT)."""
 
     root: str = DEFAULT_LAKE_ROOT
 
-    def lake(self) -> Lake:
-        return Lake(Path(self.root))
+    def root_of(self, tenant: str | None = None) -> str:
+        return self.root
 
 
-class WarehouseResource(ConfigurableResource):
-    """The published warehouse (WAREHOUSE_PATH) analysts read, and the working copy beside it
-    that the sync writes, one step at a time (pool `warehouse`); see warehouse/publish.py."""
+class WarehouseResource(WarehouseAccess):
+    """One customer's warehouse (WAREHOUSE_PATH)."""
 
     path: str = DEFAULT_WAREHOUSE_PATH
 
-    def working(self) -> str:
-        """The working copy every step that reads or writes sync state opens."""
-        from sync.state import LOCK_WAIT_SECONDS
-        from warehouse.publish import working_copy
+    def published(self, tenant: str | None = None) -> str:
+        return self.path
 
-        return str(working_copy(self.path, wait=LOCK_WAIT_SECONDS))
+
+def _tenant(tenants_file: str, name: str | None) -> Tenant:
+    """The run's tenant, read from the file now (an edit needs no code reload)."""
+    if name is None:
+        raise ConfigError(TENANTS_VARIABLE, "a run for one tenant (a partition of the assets)")
+    return tenants.load(tenants_file).get(name)
+
+
+class TenantApiResource(ApiAccess):
+    """Each tenant's API: its URLs, customer and limit from the tenants file, its credentials
+    from the variables or files the file names, read in the step (never in run config)."""
+
+    tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+
+    def settings(self, tenant: str | None = None) -> Settings:
+        return _tenant(self.tenants_file, tenant).settings()
+
+
+class TenantLakeResource(LakeAccess):
+    """Each tenant's own lake, from the tenants file."""
+
+    tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+
+    def root_of(self, tenant: str | None = None) -> str:
+        return str(_tenant(self.tenants_file, tenant).lake)
+
+
+class TenantWarehouseResource(WarehouseAccess):
+    """Each tenant's own warehouse (and working copy), from the tenants file."""
+
+    tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+
+    def published(self, tenant: str | None = None) -> str:
+        return str(_tenant(self.tenants_file, tenant).warehouse)
+
+
+def tenant_resources(tenants_file: str | Path) -> dict[str, ConfigurableResource]:
+    """The API, lake and warehouse of the run's tenant, for tenant-partitioned assets."""
+    return {
+        "clinical_api": TenantApiResource(tenants_file=str(tenants_file)),
+        "lake": TenantLakeResource(tenants_file=str(tenants_file)),
+        "warehouse": TenantWarehouseResource(tenants_file=str(tenants_file)),
+    }
 
 
 def _day(name: str, text: str | None) -> date | None:

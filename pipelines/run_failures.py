@@ -20,6 +20,7 @@ from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
 from pipelines import home
 from pipelines.liveness import run_started_at
+from pipelines.partitions import run_tenant
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
@@ -81,7 +82,15 @@ def first_failure(events) -> str:
     description="Marks runs launched from the UI or the schedule as failed in ops.sync_runs",
 )
 def mark_failed_runs(context: RunFailureSensorContext) -> None:
-    path = home.warehouse_path()
-    message = first_failure(context.get_step_failure_events())
     run_id = context.dagster_run.run_id
-    mark_failed(path, run_id, message, os.environ, run_started_at(context.instance, run_id))
+    message = first_failure(context.get_step_failure_events())
+    started = run_started_at(context.instance, run_id)
+    path, env = home.warehouse_path(), os.environ
+    try:
+        tenant = run_tenant(context.dagster_run.tags, home.tenants_file())
+    except ConfigError as error:
+        context.log.warning(f"run {run_id} of a tenant failed; not marked: {error}")
+        return
+    if tenant is not None:  # the run's tenant's warehouse
+        path, env = str(tenant.warehouse), tenant.environment()
+    mark_failed(path, run_id, message, env, started)

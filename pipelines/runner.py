@@ -14,29 +14,43 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, define_asset_job
+from dagster import AssetSelection, DagsterInstance, Definitions, define_asset_job
 
 from connectors.clinical_records.catalogue import (
     ALL_ENTITIES,
-    BY_TABLE,
     DOCUMENTS,
     EntitySet,
     entity,
 )
-from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.errors import ConfigError, ConfigErrors
 from connectors.clinical_records.settings import Settings
 from pipelines import keys
+from pipelines.alerts import conclude
 from pipelines.assets import build_reference_checks, build_sync_assets
-from pipelines.documents_asset import CONTENT_KEY, patient_document_content
+from pipelines.documents_asset import CONTENT_KEY, CONTENT_OP
 from pipelines.keys import lake_key, table_key
 from pipelines.liveness import release_orphans, run_started_at, run_tags
+from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,
     SyncOptionsResource,
     WarehouseResource,
+    tenant_resources,
 )
 from pipelines.run_failures import first_failure, mark_failed, root_failures
+from pipelines.tenants import Tenant
+from pipelines.verdict import (
+    CheckOutcome,
+    Verdict,
+    check_outcomes,
+    died,
+    kind_and_reason,
+    set_figures,
+    values,
+    verdict,
+)
+from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from sync.budget import BUDGET_VARIABLE, parse_budget
 
 log = logging.getLogger(__name__)
@@ -59,15 +73,6 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    table: str
-    name: str
-    passed: bool
-    severity: str
-    metadata: dict[str, object]
-
-
 @dataclass
 class SyncReport:
     """Per entity set, the load's metadata; and the run as a whole."""
@@ -81,6 +86,12 @@ class SyncReport:
     failure_kind: str | None = None  # the error class underneath, e.g. AuthenticationError
     failure_reason: str | None = None  # its message, for the operator
     failed_steps: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None  # exact, not exact or failed: the exit status says which
+    alert: Delivery | None = None  # the run's message, when one was sent or tried
+
+    @property
+    def exact(self) -> bool:
+        return self.verdict is not None and self.verdict.exact
 
     def failed_checks(self) -> list[CheckOutcome]:
         return [c for c in self.checks if not c.passed]
@@ -128,16 +139,46 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) -> Webhook | None:
+    """Every setting a run reads, validated before it starts: one ConfigError naming each
+    variable that is missing or wrong (the tenant's settings in place of the CLINICAL_*
+    variables). Returns where alerts go (None: nowhere)."""
+    problems: list[ConfigError] = []
+    webhook = None
+    try:
+        settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
+        parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)
+    except ConfigError as error:
+        problems.extend(error.problems if isinstance(error, ConfigErrors) else [error])
+    try:
+        webhook = webhook_from_env(env)
+    except ConfigError as error:
+        problems.append(error)
+    if problems:
+        raise ConfigError.combine(problems)
+    return webhook
+
+
 def resources_from_env(
-    env: Mapping[str, str], lake_root: str, warehouse_path: str, **options: object
+    env: Mapping[str, str],
+    lake_root: str,
+    warehouse_path: str,
+    tenant: Tenant | None = None,
+    **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run; the environment is validated first (ConfigError)."""
-    settings = Settings.from_env(env)
-    parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)  # a bad value fails now
-    return {
+    """Resources for an in-process run; the environment (or the tenant's) is validated first
+    (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
+    check_configuration(env, tenant)
+    settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
+    places: dict[str, object] = {
         "clinical_api": ClinicalApiResource.from_settings(settings),
         "lake": LakeResource(root=str(lake_root)),
         "warehouse": WarehouseResource(path=str(warehouse_path)),
+    }
+    if tenant is not None:
+        places = tenant_resources(tenant.file)
+    return {
+        **places,
         "sync_options": SyncOptionsResource(
             **{"nightly_budget": env.get(BUDGET_VARIABLE) or None, **options}  # type: ignore[arg-type]
         ),
@@ -181,17 +222,37 @@ def sync(
     instance: DagsterInstance | None = None,
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
+    tenant: Tenant | None = None,
 ) -> SyncReport:
-    """Materialize the selected assets (and their checks) once; return what each set did."""
+    """Materialize the selected assets (and their checks) once; return what each set did.
+    With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
+    A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
+    (`pipelines/alerts.py`: this process concludes the runs it executes)."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
-    resources = resources_from_env(env, lake_root, warehouse_path, **options)
+    resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
+    webhook = webhook_from_env(env)
+    if tenant is not None:
+        env = tenant.environment(env)  # whose source a failed run is marked against
+        instance = instance or DagsterInstance.ephemeral()
+        if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
+            instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
     if instance is not None:
         for run_id in release_orphans(instance):
             log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
+            orphan = instance.get_run_by_id(run_id)
+            job_name = orphan.job_name if orphan is not None else "?"
+            ending = died(run_id, job_name, "its clinical-sync process ended without finishing")
+            conclude(
+                ending,
+                warehouse=warehouse_path,
+                webhook=webhook,
+                instance=instance,
+                tenant=tenant.name if tenant else None,
+            )
     started = time.monotonic()
     job = (
         keys.BACKFILL_JOB
@@ -202,46 +263,45 @@ def sync(
     )
     result = _materialize(
         job,
-        [*build_sync_assets(), *build_reference_checks()],
+        [*build_sync_assets(TENANTS if tenant else None), *build_reference_checks()],
         resources,
         log_level=log_level,
         instance=instance,
         tags=tags or {},
         selection=selection(resolve(only)),
+        partition_key=tenant.name if tenant else None,
     )
     report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
-    for event in result.get_asset_materialization_events():
-        key: AssetKey = event.asset_key
-        if key.path[0] != keys.CLINICAL_GROUP or key.path[-1] not in BY_TABLE:
-            continue
-        figures = _values(event.materialization.metadata)
-        report.entities[BY_TABLE[key.path[-1]].name] = figures
-    for evaluation in result.get_asset_check_evaluations():
-        report.checks.append(
-            CheckOutcome(
-                table=evaluation.asset_key.path[-1],
-                name=evaluation.check_name,
-                passed=evaluation.passed,
-                severity=evaluation.severity.value,
-                metadata=_values(evaluation.metadata),
-            )
-        )
-    order = [e.name for e in ALL_ENTITIES]
-    report.entities = dict(sorted(report.entities.items(), key=lambda kv: order.index(kv[0])))
+    loaded = set_figures(result.all_events)
+    report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
+    report.checks = check_outcomes(result.all_events)
     report.failure = _failure(result, warehouse_path, env, instance)
     failures = root_failures(result.all_events)
     report.failed_steps = [step for step, _ in failures]
     if failures:
-        report.failure_kind, report.failure_reason = _kind_and_reason(failures[0][1])
+        report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
+    report.verdict, report.alert = _conclude(
+        result, job, warehouse_path, env, instance, tenant.name if tenant else None
+    )
     return report
 
 
-def _kind_and_reason(error: Any) -> tuple[str, str]:
-    """`AuthenticationError`, `token request refused ...` from a serialized error."""
-    kind = error.cls_name or "Error"
-    message = error.message.strip()
-    head, _, rest = message.partition(": ")
-    return kind, rest if head.rsplit(".", 1)[-1] == kind and rest else message
+def _conclude(
+    result: Any,
+    job: str,
+    warehouse_path: str,
+    env: Mapping[str, str],
+    instance: DagsterInstance | None,
+    tenant: str | None,
+) -> tuple[Verdict, Delivery | None]:
+    """How the run ended, and its message when it failed or is not exact: this process
+    executed it, so this process tells (the daemon's sensors leave it alone)."""
+    ending = verdict(result.run_id, job, result.success, result.all_events)
+    webhook = webhook_from_env(env)
+    delivery = conclude(
+        ending, warehouse=warehouse_path, webhook=webhook, instance=instance, tenant=tenant
+    )
+    return ending, delivery
 
 
 @dataclass
@@ -250,6 +310,8 @@ class DocumentsRun:
     success: bool
     figures: dict[str, object]
     failure: str | None = None
+    verdict: Verdict | None = None
+    alert: Delivery | None = None
 
 
 def sync_documents(
@@ -274,13 +336,14 @@ def sync_documents(
         selection=AssetSelection.assets(
             lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
         ),
-        ops={patient_document_content.op.name: {"config": {"download_content": content}}},
+        ops={CONTENT_OP: {"config": {"download_content": content}}},
     )
     figures: dict[str, object] = {}
     for event in result.get_asset_materialization_events():
-        figures.update(_values(event.materialization.metadata))
+        figures.update(values(event.materialization.metadata))
     failure = _failure(result, warehouse_path, env, instance)
-    return DocumentsRun(result.run_id, result.success, figures, failure)
+    ending, delivery = _conclude(result, keys.DOCUMENTS_JOB, warehouse_path, env, instance, None)
+    return DocumentsRun(result.run_id, result.success, figures, failure, ending, delivery)
 
 
 def _materialize(
@@ -293,6 +356,7 @@ def _materialize(
     tags: Mapping[str, str],
     selection: AssetSelection | None = None,
     ops: Mapping[str, object] | None = None,
+    partition_key: str | None = None,
 ):
     """One in-process run under the name of the job it stands for (so the UI lists it on that
     job's page), as the CLI makes them: its log level, liveness tags, no raising."""
@@ -309,6 +373,7 @@ def _materialize(
         instance=instance,
         tags={**run_tags(), **tags},
         raise_on_error=False,
+        partition_key=partition_key,
     )
 
 
@@ -322,8 +387,3 @@ def _failure(
     started = run_started_at(instance, result.run_id) if instance is not None else None
     mark_failed(warehouse_path, result.run_id, failure, env, started)
     return failure
-
-
-def _values(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Dagster metadata entries as plain values."""
-    return {name: value.value for name, value in metadata.items()}

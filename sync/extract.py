@@ -19,12 +19,13 @@ import pyarrow.compute as pc
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import entity_key
+from connectors.clinical_records.keys import entity_key
 from connectors.clinical_records.query import Expr, Query, between
 from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
 from sync.strategy import Mode, Plan, watermark_of
+from warehouse.converters import to_timestamptz
 from warehouse.lake import Lake
 from warehouse.normalise import Reject, normalise
 from warehouse.schema import arrow_schema
@@ -88,7 +89,10 @@ class Extraction:
 def _max_cursor(entity: EntitySet, table: pa.Table) -> Any:
     if entity.cursor is None or table.num_rows == 0:
         return None
-    return pc.max(table.column(entity.cursor)).as_py()
+    column = table.column(entity.cursor)
+    if pa.types.is_string(column.type):  # text as sent (no format stated): its instants
+        column = to_timestamptz(column.combine_chunks(), entity.field(entity.cursor)).values
+    return pc.max(column).as_py()
 
 
 class BatchWriter:

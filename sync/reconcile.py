@@ -75,7 +75,8 @@ from typing import Any
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, partition_of
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import ApiError
-from connectors.clinical_records.paging import COUNT, canonical, entity_key, record_key
+from connectors.clinical_records.keys import entity_key, key_text, to_api
+from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Comparison, Expand, Expr, Query, all_of, between
 from sync.phase import Phase, enter
 
@@ -461,7 +462,7 @@ class Reconciler:
         parent's reference, so ranges of `ref` (not of the key) are halved, following those
         that count more records than the `refs` held in them, and all of one parent's
         children turn up in one search. `refs`: the sorted references of the records held;
-        `parents`: the parents read (`canonical`): a record found under one of them is new
+        `parents`: the parents read (`key_text`): a record found under one of them is new
         (written during the run), taken but not one of the `expected`. Returns the records
         found (not yet taken); bounded by `search_cost`."""
         found: list[dict] = []
@@ -479,7 +480,7 @@ class Reconciler:
                 pending.append((low, high, i, j, count))
 
         def orphans() -> int:
-            return sum(canonical(r.get(ref)) not in parents for r in found)
+            return sum(key_text(r.get(ref)) not in parents for r in found)
 
         while pending and orphans() < expected and self.result.requests - start < limit:
             low, high, i, j, count = pending.popleft()
@@ -640,18 +641,18 @@ class Reconciler:
         parents = envelope["value"]
         if int(envelope[COUNT]) > len(parents):
             return None
-        numeric = self.entity.field(remote).type is Edm.INT32
+        reference = self.entity.field(remote)
         by_parent: dict[Any, list[Any]] = {}
         for key in whole.keys:
             sent = self.parents[key]
-            parent = None if sent is None else record_key(sent, numeric)
+            parent = None if sent is None else to_api(reference, sent)
             if sent is not None and parent is None:  # a reference no filter can name
                 return None
             by_parent.setdefault(parent, []).append(key)
         cells, counted = [], 0
         for record in parents:
             count = int(record.get(f"{navigation.name}{COUNT}", 0))
-            parent = record_key(record.get(small.key), numeric)
+            parent = to_api(reference, record.get(small.key))
             keys = by_parent.pop(parent, [])
             counted += count
             if parent is not None and count != len(keys):
@@ -796,12 +797,7 @@ def _within(value: Any, low: Any, high: Any) -> bool:
     return value is not None and (low is None or value >= low) and (high is None or value < high)
 
 
-def held_key(entity: EntitySet, value: Any) -> Any:
-    """A warehouse key (its canonical type) in the kind the API sends it; None for none."""
-    return entity_key(entity, value if entity.key_field.type is Edm.INT32 else str(value))
-
-
 def held_from(entity: EntitySet, keys: Iterable[Any]) -> set[Any]:
-    """Warehouse keys (canonical types) in the kind the API sends them."""
-    found = (held_key(entity, v) for v in keys)
+    """Warehouse keys (canonical types) in the kind the API sends them (keys.to_api)."""
+    found = (entity_key(entity, v) for v in keys)
     return {k for k in found if k is not None}

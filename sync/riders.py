@@ -19,11 +19,11 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.paging import canonical, entity_key
+from connectors.clinical_records.keys import entity_key, key_text
 from connectors.clinical_records.query import F, Query
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
 from sync.phase import Phase, enter
-from sync.reconcile import Reconciler, Reconciliation, held_key
+from sync.reconcile import Reconciler, Reconciliation
 from sync.strategy import Mode, Plan
 
 DOCUMENTS_BLIND = (
@@ -116,19 +116,19 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     assert reconciler is not None and reconciler.started_total is not None
     pages = max(1, math.ceil(reconciler.started_total / PAGE_SIZE))
     remote = rider.nav.remote
-    read_whole = {canonical(p) for p in parents} - {canonical(p) for p in rider.short}
+    read_whole = {key_text(p) for p in parents} - {key_text(p) for p in rider.short}
     # Held last run under a parent that was not read now (deleted, or never there): a
     # snapshot asks for each by key. Held under a parent read whole, and not come with it:
     # gone.
     known, gone = [], []
     for k, parent in rider.input.parents.items():
-        key = held_key(entity, k)
+        key = entity_key(entity, k)
         if key is None:
             continue
         if parent is None:
             rider.no_parent.add(key)
             continue
-        (gone if canonical(parent) in read_whole else known).append(key)
+        (gone if key_text(parent) in read_whole else known).append(key)
     new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
         not_reached = max(0, reconciler.started_total - rider.reached)
@@ -170,10 +170,10 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     if new:  # children of parents deleted before their page: searched by their reference
-        parents_read = {canonical(p) for p in parents}
+        parents_read = {key_text(p) for p in parents}
         found = reconciler.find_children(remote, sorted(rider.refs.values()), new, parents_read)
         rider.take(found)
-        new = max(0, new - sum(canonical(r.get(remote)) not in parents_read for r in found))
+        new = max(0, new - sum(key_text(r.get(remote)) not in parents_read for r in found))
     say.info(f"{entity.name}: {rider.choice}")
     result.reconciliation = reconciler.finish(expected_new=new)
     result.source_total = reconciler.total

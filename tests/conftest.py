@@ -1,7 +1,9 @@
-"""Shared fixtures: a running sandbox on 127.0.0.1 and an authenticated HTTP client for it."""
+"""Shared fixtures: a running sandbox on 127.0.0.1 and an authenticated HTTP client for it;
+a lake and a warehouse under tmp_path; a real PostgreSQL server and a fresh database on it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import httpx
@@ -10,6 +12,8 @@ import pytest
 from connectors.clinical_records.catalogue import SCOPE_PREFIX
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
+from tests.postgres import INSTALL_HINT, PostgresServer, binaries, postgres_server
+from tests.warehouse_records import Harness
 
 
 def fetch_token(server: SandboxServer) -> str:
@@ -57,3 +61,30 @@ def fresh_sandbox() -> Iterator[SandboxServer]:
     """A small sandbox of its own, for tests that mutate data or inject faults."""
     with SandboxServer(SandboxConfig(seed=5, scale=0.05)) as server:
         yield server
+
+
+@pytest.fixture
+def harness(tmp_path) -> Iterator[Harness]:
+    """A lake and a warehouse under tmp_path (tests/warehouse_records.py); a test module may
+    define its own."""
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/postgres.py). In CI (CI set) a machine
+    without PostgreSQL fails these tests: they never skip there."""
+    if binaries() is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{INSTALL_HINT} (CI runs the PostgreSQL tests; .ci/run installs it)")
+        pytest.skip(INSTALL_HINT)
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """A fresh, empty database on the session's server."""
+    return postgres.database()

@@ -1,12 +1,16 @@
-"""Shared by the connector tests: settings for a sandbox, ids read, ground truth."""
+"""Shared by the connector tests: settings for a sandbox, ids read, ground truth, tokens issued."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Query
+from connectors.clinical_records.ratelimit import AdaptiveLimiter
 from connectors.clinical_records.settings import Settings
 from connectors.sandbox.server import SandboxServer
 
@@ -30,3 +34,32 @@ def read_ids(client: ClinicalClient, entity: EntitySet, query: Query | None = No
 
 def truth_ids(server: SandboxServer, entity: EntitySet) -> set:
     return {record[entity.key] for record in server.control().truth()[entity.name]}
+
+
+def acquire_together(limiters: Sequence[AdaptiveLimiter], each: int) -> float:
+    """`each` slots from every limiter at once, a thread per limiter; the seconds it took."""
+    started = time.monotonic()
+    threads = [
+        threading.Thread(target=lambda lim=lim: [lim.acquire() for _ in range(each)])
+        for lim in limiters
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
+def record_tokens(server: SandboxServer) -> list[str]:
+    """Every access token the sandbox issues from now on (the test reads its own sandbox)."""
+    issued: list[str] = []
+    service = server.sandbox.tokens
+    issue = service.issue
+
+    def issue_and_note(form):
+        body = issue(form)
+        issued.append(str(body["access_token"]))
+        return body
+
+    service.issue = issue_and_note  # type: ignore[method-assign]
+    return issued

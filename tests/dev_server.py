@@ -50,8 +50,11 @@ def wait_for(url: str, proc: subprocess.Popen, output: Path, timeout: float) -> 
 
 
 @contextmanager
-def dev_server(tmp_path: Path, timeout: float = 180.0) -> Iterator[DevServer]:
-    """Start `clinical-sync dev` on free ports, wait until its UI answers; SIGTERM at the end."""
+def dev_server(
+    tmp_path: Path, timeout: float = 180.0, tenants_file: Path | None = None
+) -> Iterator[DevServer]:
+    """Start `clinical-sync dev` on free ports, wait until its UI answers; SIGTERM at the end.
+    With `tenants_file`, for its tenants (their services, no sandbox of its own)."""
     ui_port, sandbox_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
     env.update(
@@ -59,12 +62,15 @@ def dev_server(tmp_path: Path, timeout: float = 180.0) -> Iterator[DevServer]:
         LAKE_ROOT=str(tmp_path / "lake"),
         CLINICAL_LIMITER_PATH=str(tmp_path / "ratelimit.sqlite"),
     )
+    if tenants_file is not None:
+        env["CLINICAL_TENANTS_FILE"] = str(tenants_file)
     output = tmp_path / "dev.out"
     cmd = [CLI, "dev", "--ui-port", str(ui_port), "--port", str(sandbox_port)]
     cmd += ["--scale", "0.05", "--rate", "1000"]
     with output.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
-    server = DevServer(proc, f"http://127.0.0.1:{ui_port}", output, tmp_path / "warehouse.dagster")
+    dagster_home = (tenants_file or tmp_path / "warehouse.duckdb").with_suffix(".dagster")
+    server = DevServer(proc, f"http://127.0.0.1:{ui_port}", output, dagster_home)
     try:
         wait_for(server.url, proc, output, timeout)
         yield server

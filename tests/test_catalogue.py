@@ -27,18 +27,57 @@ def test_every_field_has_a_meaning_and_every_entity_a_key():
         assert all(f.meaning for f in ent.fields)
 
 
-def test_logical_key_sent_as_number_anywhere_is_bigint_everywhere():
-    patient_ids = [
-        cat.PATIENTS.field("id"),
-        cat.APPOINTMENTS.field("patient_id"),
-        cat.PRESCRIPTIONS.field("patient_id"),
-        cat.DOCUMENTS.field("patient_id"),
-    ]
-    assert {f.type for f in patient_ids} == {cat.Edm.STRING, cat.Edm.INT32}
-    assert {f.canonical for f in patient_ids} == {cat.Canonical.BIGINT}
-    assert cat.PHYSICIANS.field("id").canonical is cat.Canonical.BIGINT
-    for string_only in (cat.APPOINTMENTS, cat.APPOINTMENT_TYPES, cat.DOCUMENTS):
-        assert string_only.key_field.canonical is cat.Canonical.VARCHAR
+# The typing rule's result, family by family: a change to the catalogue (or the rule) that
+# retypes a family shows here as a diff. BIGINT only where every member is a number.
+FAMILY_TYPES = {
+    "appointment": "VARCHAR",
+    "appointment_type": "VARCHAR",
+    "appointment_type_status": "VARCHAR",
+    "branch": "VARCHAR",  # Patients.primary_branch_id, Appointments.branch_id are strings
+    "caregiver": "VARCHAR",
+    "claim": "BIGINT",
+    "delivery_location": "VARCHAR",
+    "document": "VARCHAR",
+    "guarantor": "VARCHAR",
+    "patient": "VARCHAR",  # Patients.id is a string, Prescriptions.patient_id a number
+    "patient_insurance": "BIGINT",
+    "physician": "VARCHAR",  # Physicians.id is a string
+    "prescription": "VARCHAR",  # Appointments.prescription_id is a string
+    "recurring_series": "VARCHAR",
+    "user": "VARCHAR",  # InsuranceVerifications.verified_by_id is the only number
+    "user_type": "VARCHAR",
+    "verification": "BIGINT",
+}
+
+
+def test_a_key_family_is_bigint_only_where_every_member_is_a_number():
+    members: dict[str, list[cat.Field]] = {}
+    for ent in cat.ALL_ENTITIES:
+        for fld in ent.fields:
+            if fld.key:
+                members.setdefault(fld.key, []).append(fld)
+    assert {k: fields[0].canonical.value for k, fields in members.items()} == FAMILY_TYPES
+    for family, fields in members.items():
+        assert len({f.canonical for f in fields}) == 1, f"{family}: one type per family"
+        numbers_only = all(f.type is cat.Edm.INT32 for f in fields)
+        assert (fields[0].canonical is cat.Canonical.BIGINT) == numbers_only, family
+
+
+def test_a_string_without_a_stated_format_is_text():
+    """Prescriptions.created_at ("Date/time created") and Patients.dob state no format."""
+    for fld in (cat.PRESCRIPTIONS.field("created_at"), cat.PATIENTS.field("dob")):
+        assert fld.parse_as is None and fld.canonical is cat.Canonical.VARCHAR
+    stated = {
+        (e.name, f.name): f.canonical.value
+        for e in cat.ALL_ENTITIES
+        for f in e.fields
+        if f.parse_as is not None
+    }
+    assert stated == {
+        ("Appointments", "appointment_date"): "DATE",
+        ("Appointments", "start_time"): "TIME",
+        ("Appointments", "end_time"): "TIME",
+    }
 
 
 def test_navigation_properties_point_at_real_fields():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.ratelimit import FLOOR, SAFETY, key_digest, sqlite_limiter
+from tests.connector_helpers import acquire_together
 
 API_KEY = "key-do-not-store-4411"
 
@@ -18,16 +18,7 @@ def test_two_limiters_on_one_file_share_the_budget(tmp_path: Path) -> None:
     path = tmp_path / "bucket.sqlite"
     rate, burst = 20.0, 3
     limiters = [sqlite_limiter(path, API_KEY, rate, burst) for _ in range(2)]
-    started = time.monotonic()
-    threads = [
-        threading.Thread(target=lambda lim=lim: [lim.acquire() for _ in range(10)])
-        for lim in limiters
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
+    elapsed = acquire_together(limiters, 10)
     # 20 requests, burst - 1 at once, the rest at SAFETY * rate for the pair of them
     assert elapsed >= (20 - (burst - 1)) / (rate * SAFETY) * 0.95
     assert elapsed < 2.0

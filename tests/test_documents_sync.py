@@ -186,3 +186,32 @@ def test_faults_lose_nothing_and_keep_no_partial_content(tmp_path):
     with duckdb.connect(str(warehouse), read_only=True) as con:
         shas = [r[0] for r in con.execute(f'SELECT "sha256" FROM {MANIFEST_TABLE}').fetchall()]
     assert shas and all(store.verify(sha) for sha in shas)
+
+
+@pytest.mark.e2e
+def test_content_is_asked_of_the_patient_as_the_service_names_it(tmp_path):
+    """A patient "00123": its document's content is `/Patients(00123)/Documents(..)/$value`,
+    not `/Patients(123)/...`, which names no patient (or another one)."""
+    lake, warehouse = tmp_path / "lake", tmp_path / "warehouse.duckdb"
+    paths = {"lake_root": str(lake), "warehouse_path": str(warehouse)}
+    with SandboxServer(SandboxConfig(seed=5, scale=0.02)) as srv:
+        template = srv.store.ground_truth()["Patients"][0]
+        srv.control().plant("Patients", {**template, "id": "00123"})
+        source = tmp_path / "zeros.pdf"
+        source.write_bytes(b"%PDF-1.4 a patient whose id has leading zeros")
+        with ClinicalClient(settings_for(srv, tmp_path)) as client:
+            uploaded = DocumentsClient(client).upload("00123", source)
+        with DagsterInstance.ephemeral() as instance:
+            done = sync_documents(
+                _env(srv, tmp_path), content=True, instance=instance, log_level="WARNING", **paths
+            )
+        assert done.success, done.failure
+        assert done.figures["content_missing"] == 0
+        assert done.figures["content_downloaded"] == len(truth_rows(srv))
+        assert table_rows(warehouse)[uploaded["id"]][0] == "00123"
+        assert table_rows(warehouse) == truth_rows(srv)
+    with duckdb.connect(str(warehouse), read_only=True) as con:
+        (sha,) = con.execute(
+            f'SELECT "sha256" FROM {MANIFEST_TABLE} WHERE "document_id" = ?', [uploaded["id"]]
+        ).fetchone()
+    assert content_store(lake).path_for(sha).read_bytes() == source.read_bytes()

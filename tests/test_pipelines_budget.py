@@ -123,10 +123,12 @@ def test_staleness_in_hours():
 
 
 @pytest.fixture
-def synced(tmp_path):
-    """A sandbox, a Dagster instance, and a warehouse after a full sync of it."""
+def synced(tmp_path, request):
+    """A sandbox (its values profile the test's parameter, default "spec"), a Dagster
+    instance, and a warehouse after a full sync of it."""
     paths = {"lake_root": str(tmp_path / "lake"), "warehouse_path": str(tmp_path / "w.duckdb")}
-    with SandboxServer(SandboxConfig(seed=11, scale=0.2)) as srv, DagsterInstance.ephemeral() as i:
+    config = SandboxConfig(seed=11, scale=0.2, values=getattr(request, "param", "spec"))
+    with SandboxServer(config) as srv, DagsterInstance.ephemeral() as i:
         env = {
             **srv.env(),
             "CLINICAL_RATE_LIMIT": "500",
@@ -171,11 +173,13 @@ def test_a_nightly_run_over_budget_reads_the_stalest_and_says_how_stale(synced):
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("synced", ["spec", "wide"], indirect=True)
 def test_over_budget_key_ranges_rotate_until_every_record_is_read(synced):
     """A budget too small for any set without updated_at whole: each night reads a key
     range of the stalest, from where the last one ended, its updates and deletes with it.
     When the rotation comes round, the set equals the source, and its staleness counts
-    from when the rotation began."""
+    from when the rotation began. With the wide values the keys are any text (leading
+    zeros, "00123" beside "123") or any Int32: ranges run in the service's order of them."""
     srv, i, env, paths = synced
     srv.store.advance(seconds=3600, update_fraction=0.05, delete_fraction=0.02)
     sized = costs_of(ALL_ENTITIES, srv.store.counts(), {})

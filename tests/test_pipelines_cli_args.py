@@ -46,3 +46,13 @@ def test_every_option_has_help_text():
         if not isinstance(action, argparse._HelpAction) and not action.help
     ]
     assert missing == []
+
+
+def test_a_step_out_of_memory_is_told_to_raise_the_cap():
+    """DuckDB's error under WAREHOUSE_MEMORY_LIMIT (a models step joining large tables needs
+    more as the data grows) names the variable to raise."""
+    import duckdb
+
+    from cli.log import advice
+
+    assert "WAREHOUSE_MEMORY_LIMIT" in advice(duckdb.OutOfMemoryException.__name__)

@@ -12,7 +12,14 @@ from dagster import AssetCheckKey, AssetKey, EnvVar
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
-from pipelines.checks import FRESH_WITHIN, MATCHES_SOURCE, REJECTS, UNIQUE_KEYS, references
+from pipelines.checks import (
+    FRESH_WITHIN,
+    MATCHES_SOURCE,
+    REJECTS,
+    UNFIT,
+    UNIQUE_KEYS,
+    references,
+)
 from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
 
@@ -20,20 +27,40 @@ ROOT = Path(__file__).resolve().parents[1]
 defs = definitions.defs
 
 
-def test_dagster_definitions_validate_passes():
-    # As on a fresh clone: no DAGSTER_HOME, so Dagster reads ./dagster.yaml from the root.
+def validate(**settings: str) -> subprocess.CompletedProcess:
+    """`dagster definitions validate` as on a fresh clone: no DAGSTER_HOME, so Dagster reads
+    ./dagster.yaml from the root."""
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     cli = Path(sys.executable).with_name("dagster")
-    done = subprocess.run(
+    return subprocess.run(
         [str(cli), "definitions", "validate", "-m", "pipelines.definitions"],
         cwd=ROOT,
-        env=env,
+        env={**env, **settings},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_dagster_definitions_validate_passes():
+    done = validate()
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Validation successful" in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("CLINICAL_ALERT_WEBHOOK", "http://hooks.example.com/T0/B0/secret-part"),
+        ("CLINICAL_NIGHTLY_CRON", "every night"),
+    ],
+)
+def test_a_bad_webhook_or_schedule_stops_the_code_location_naming_the_variable(variable, value):
+    done = validate(**{variable: value})
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert f"{variable}: expected" in output
+    assert "secret-part" not in output  # the value is never shown
 
 
 def test_one_extraction_and_one_table_per_entity_set_and_the_models():
@@ -73,13 +100,14 @@ def test_jobs_schedule_and_sensor_exist():
     assert schedule.cron_schedule == "0 2 * * *"
     assert schedule.job_name == "nightly_sync"
     assert schedule.execution_timezone == "UTC"
-    assert defs.resolve_sensor_def("mark_failed_runs").default_status.value == "RUNNING"
+    for sensor in ("mark_failed_runs", "alert_failed_runs", "alert_inexact_runs"):
+        assert defs.resolve_sensor_def(sensor).default_status.value == "RUNNING"
 
 
 def test_checks_exist_for_every_table():
     checks = set(defs.resolve_asset_graph().asset_check_keys)
     for entity in ENTITY_SETS:
-        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS):
+        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS, UNFIT):
             assert AssetCheckKey(table_key(entity), name) in checks
     refs = {(r.source.name, r.target.name) for r in references()}
     assert {
@@ -147,3 +175,23 @@ def test_dagster_home_gets_the_instance_yaml_and_keeps_an_operators_own(tmp_path
     monkeypatch.setenv("DAGSTER_HOME", str(own))
     home.dagster_home()
     assert (own / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_a_run_takes_one_step_of_each_pool_at_a_time_and_in_process_stays_possible(monkeypatch):
+    """The executor's limit per pool within a run (the instance's pools only hold across
+    runs); the launchpad's `in_process` choice is left as Dagster has it."""
+    from dagster._core.system_config.objects import ResolvedRunConfig
+
+    for name in ("API_BASE_URL", "AUTH_URL", "CLIENT_ID", "CLIENT_SECRET", "API_KEY", "CUSTOMER"):
+        monkeypatch.setenv(f"CLINICAL_{name}", "x")
+    job = defs.resolve_job_def("nightly_sync")
+    default = ResolvedRunConfig.build(job, {}).execution.execution_engine_config
+    assert default["multiprocess"]["tag_concurrency_limits"] == definitions.ONE_STEP_PER_POOL
+    chosen = {"execution": {"config": {"in_process": {}}}}
+    assert "in_process" in ResolvedRunConfig.build(job, chosen).execution.execution_engine_config
+    graph = defs.resolve_asset_graph()
+    for entity in ENTITY_SETS:
+        for key, pool in ((lake_key(entity), API_POOL), (table_key(entity), WAREHOUSE_POOL)):
+            node = graph.get(key)
+            assert node.pools == {pool}
+            assert defs.resolve_assets_def(key).op.tags["clinical-sync/pool"] == pool

@@ -111,6 +111,7 @@ def test_full_then_nightly_then_snapshot_equal_the_source(mid_sandbox, tmp_path)
     outcomes = {(c.table, c.name): c for c in full.checks}
     for ent in ENTITY_SETS:
         assert outcomes[(ent.table, "unique_keys")].passed
+        assert outcomes[(ent.table, "values_fit_columns")].passed
         count = outcomes[(ent.table, "row_count_matches_source")]
         with mid_sandbox.store.lock:
             source = len(mid_sandbox.store.ground_truth()[ent.name])

@@ -34,7 +34,7 @@ def warehouse(fresh_sandbox, tmp_path):
 
 def count_check(con, entity, run_id, source, stale=0):
     count = SourceCount.of(con, entity, run_id=run_id, source=source, stale=stale)
-    (check,) = [r for r in table_check_results(count) if r.check_name == MATCHES_SOURCE]
+    (check,) = [r for r in table_check_results(count, {}) if r.check_name == MATCHES_SOURCE]
     return check, count
 
 

@@ -1,4 +1,4 @@
-"""The sync plan per strategy, the cursor filters it renders, watermarks, models and progress."""
+"""The sync plan per strategy, the cursor filters it renders, watermarks and progress."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.query import Query
-from pipelines.models import models, parse
-from sync.extract import KeyRange, cursor_filter
+from sync.extract import KeyRange, _max_cursor, cursor_filter
 from sync.progress import Progress, Tally, TerminalProgress
 from sync.strategy import Mode, Options, SyncState, plan, watermark_of
+from tests.warehouse_records import record
+from warehouse.normalise import normalise
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 RECENT = SyncState(watermark="2026-11-19T22:30:00+00:00", last_snapshot_at=NOW - timedelta(days=1))
@@ -147,6 +148,19 @@ def test_every_strategy_of_the_catalogue_has_a_planner():
 BEGAN = datetime(2027, 1, 1, tzinfo=UTC)  # when the extraction began
 
 
+def test_a_text_cursor_moves_the_watermark_by_the_instants_it_names():
+    """Prescriptions.created_at is text as sent (no format stated): the watermark is the
+    newest instant among the values that name one; a date alone or no offset names none."""
+    sent = ["2026-03-01", "2026-03-01T10:00:00+05:30", "2026-03-01T06:00:00Z", "2026-03-02T01:00"]
+    batch = normalise(
+        PRESCRIPTIONS, [record(PRESCRIPTIONS, i, created_at=t) for i, t in enumerate(sent)]
+    )
+    assert batch.table.column("created_at").to_pylist() == sent
+    newest = _max_cursor(PRESCRIPTIONS, batch.table)
+    assert newest == datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
+    assert watermark_of(PRESCRIPTIONS, [newest], None, BEGAN) == "2026-03-01T06:00:00+00:00"
+
+
 def test_watermark_never_moves_backwards():
     older = datetime(2026, 1, 1, tzinfo=UTC)
     newer = datetime(2026, 12, 1, tzinfo=UTC)
@@ -165,21 +179,6 @@ def test_a_cursor_in_the_future_holds_the_watermark_at_the_extraction_start(capl
     # A watermark stored in the future by an earlier version comes back to the present.
     assert watermark_of(APPOINTMENTS, [], "2099-01-01T00:00:00+00:00", BEGAN) == BEGAN.isoformat()
     assert "updated_at reaches 9999-12-31" in caplog.text
-
-
-def test_models_name_their_view_and_the_tables_they_join():
-    found = {m.name: m for m in models()}
-    assert "prescription_claims" in found
-    tables = {e.table for e in found["prescription_claims"].sources}
-    assert {"prescriptions", "claims"} <= tables
-    model = parse("-- Why.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims")
-    assert (model.name, model.description, [e.name for e in model.sources]) == (
-        "x",
-        "Why.",
-        ["Claims"],
-    )
-    with pytest.raises(ValueError):
-        parse("SELECT 1")
 
 
 def test_progress_counts_pages_and_reports_at_the_end():
@@ -213,15 +212,3 @@ def test_run_options_are_validated_with_the_setting_named():
         SyncOptionsResource(backfill_to="2026-10-01").options()
     with pytest.raises(ConfigError, match="backfill_to"):
         SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()
-
-
-def test_a_models_description_is_its_whole_first_sentence():
-    model = parse(
-        "-- One row per thing: its parts, and the days from\n-- one step to the next.\n"
-        "-- More detail.\nCREATE OR REPLACE VIEW analytics.x AS SELECT * FROM clinical.claims"
-    )
-    assert (
-        model.description == "One row per thing: its parts, and the days from one step to the next."
-    )
-    summary = next(m for m in models() if m.name == "prescription_summary")
-    assert summary.description.endswith("to first claim.")

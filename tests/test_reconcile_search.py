@@ -15,7 +15,7 @@ from connectors.clinical_records.catalogue import (
     PHYSICIANS,
 )
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.paging import canonical
+from connectors.clinical_records.keys import key_text
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from sync.reconcile import Reconciler
@@ -135,7 +135,7 @@ def test_children_of_a_parent_deleted_before_its_page_are_found_together(tmp_pat
         reconciler = Reconciler(
             APPOINTMENTS, client, take=lambda records: None, held=[r["id"] for r in held]
         )
-        parents = {canonical(p) for p in by_parent} - {canonical(parent)}
+        parents = {key_text(p) for p in by_parent} - {key_text(parent)}
         found = reconciler.find_children("patient_id", refs, len(orphans), parents)
     pages = -(-len(records) // 100)
     assert len(orphans) >= 3 and pages > 50

@@ -6,17 +6,17 @@ table's columns. Screenshots go to artefacts/ui/ (`make ui-test` installs what i
 from __future__ import annotations
 
 import os
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import NoReturn
 
-import httpx
 import pytest
 
 from connectors.clinical_records.catalogue import BY_TABLE, DOCUMENTS, ENTITY_SETS
 from pipelines.definitions import defs
-from pipelines.keys import NIGHTLY_JOB, table_key
+from pipelines.keys import NIGHTLY_JOB, PUBLISHED_KEY, table_key
+from pipelines.partitions import PARTITION_TAG
+from tests.deployment import launch, wait_for_runs
 from tests.dev_server import dev_server
 
 pytestmark = [pytest.mark.ui, pytest.mark.e2e]
@@ -24,51 +24,19 @@ pytestmark = [pytest.mark.ui, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("CLINICAL_CHROMIUM", "/usr/bin/chromium"))
 ARTEFACTS = Path(os.environ.get("CLINICAL_UI_ARTEFACTS", ROOT / "artefacts" / "ui"))
-LOCATION, REPOSITORY = "pipelines.definitions", "__repository__"
+LOCATION = "pipelines.definitions"
 WAIT_MS = 30_000
-
-LAUNCH = """
-mutation Launch($params: ExecutionParams!) {
-  launchRun(executionParams: $params) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}"""
-STATUS = "query Status($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}  # one process per run: a short test
 
 
-def graphql(url: str, query: str, variables: dict) -> dict:
-    response = httpx.post(
-        f"{url}/graphql", json={"query": query, "variables": variables}, timeout=60
-    )
-    response.raise_for_status()
-    return response.json()["data"]
-
-
-def run_job(url: str, job: str, timeout: float = 600.0) -> str:
-    """Launch `job` through the webserver's GraphQL API (what the Launch button sends) and
-    wait for it to end; the daemon dequeues it. In process, to keep the test short."""
-    params = {
-        "selector": {
-            "repositoryLocationName": LOCATION,
-            "repositoryName": REPOSITORY,
-            "jobName": job,
-        },
-        "runConfigData": {"execution": {"config": {"in_process": {}}}},
-    }
-    launched = graphql(url, LAUNCH, {"params": params})["launchRun"]
-    assert launched["__typename"] == "LaunchRunSuccess", launched
-    run_id = launched["run"]["runId"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = graphql(url, STATUS, {"id": run_id})["runOrError"]["status"]
-        if status in ("SUCCESS", "FAILURE", "CANCELED"):
-            assert status == "SUCCESS", f"run {run_id}: {status}"
-            return run_id
-        time.sleep(1)
-    raise AssertionError(f"run {run_id} did not end in {timeout:.0f} s")
+def run_job(url: str, job: str, timeout: float = 600.0, partition: str | None = None) -> str:
+    """Launch `job` (of one tenant's partition) through the webserver's GraphQL API (what the
+    Launch button sends) and wait for it to end; the daemon dequeues it."""
+    tags = {PARTITION_TAG: partition} if partition is not None else None
+    run_id = launch(url, LOCATION, job, IN_PROCESS, tags)
+    status = wait_for_runs(url, [run_id], timeout)[run_id]
+    assert status == "SUCCESS", f"run {run_id}: {status}"
+    return run_id
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -76,6 +44,14 @@ def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("CLINICAL_UI_REQUIRED"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def visit(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_load_state("networkidle")
+    skip = page.get_by_role("button", name="Skip")  # the community sign-up dialog
+    if skip.count():
+        skip.click()
 
 
 @pytest.fixture
@@ -107,19 +83,12 @@ def test_the_ui_shows_every_asset_the_claims_checks_and_plots_and_each_tables_co
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
         page.set_default_timeout(WAIT_MS)
 
-        def visit(path: str) -> None:
-            page.goto(server.url + path)
-            page.wait_for_load_state("networkidle")
-            skip = page.get_by_role("button", name="Skip")  # the community sign-up dialog
-            if skip.count():
-                skip.click()
-
         by_group: dict[str, list[str]] = defaultdict(list)
         for spec in defs.resolve_all_asset_specs():
             by_group[spec.group_name].append(spec.key.path[-1])
         page.set_viewport_size({"width": 1600, "height": 3200})  # the graph draws what is seen
         for group, names in sorted(by_group.items()):
-            visit(f"/locations/{LOCATION}/asset-groups/{group}/lineage")
+            visit(page, server.url + f"/locations/{LOCATION}/asset-groups/{group}/lineage")
             for name in names:
                 expect(page.locator("body")).to_contain_text(name)
             # one node per asset of the group (the other groups' assets are links, not nodes)
@@ -128,7 +97,7 @@ def test_the_ui_shows_every_asset_the_claims_checks_and_plots_and_each_tables_co
         page.set_viewport_size({"width": 1600, "height": 1000})
 
         claims = BY_TABLE["claims"]
-        visit("/assets/clinical/claims?view=checks")
+        visit(page, server.url + "/assets/clinical/claims?view=checks")
         graph = defs.resolve_asset_graph()
         checks = [k.name for k in graph.asset_check_keys if k.asset_key == table_key(claims)]
         assert len(checks) >= 5
@@ -136,7 +105,7 @@ def test_the_ui_shows_every_asset_the_claims_checks_and_plots_and_each_tables_co
             expect(page.locator("body")).to_contain_text(name)
         page.screenshot(path=ARTEFACTS / "claims-checks.png", full_page=True)
 
-        visit("/assets/clinical/claims")
+        visit(page, server.url + "/assets/clinical/claims")
         page.get_by_text("Plots", exact=True).first.click()
         for figure in ("live_rows", "rows_fetched", "requests", "wait_seconds"):
             expect(page.get_by_text(figure, exact=True).first).to_be_visible()
@@ -145,10 +114,48 @@ def test_the_ui_shows_every_asset_the_claims_checks_and_plots_and_each_tables_co
         page.screenshot(path=ARTEFACTS / "claims-plots.png")
 
         for entity in [*ENTITY_SETS, DOCUMENTS]:
-            visit(f"/assets/clinical/{entity.table}")
+            visit(page, server.url + f"/assets/clinical/{entity.table}")
             columns = page.locator("body")
             expect(columns).to_contain_text("Columns")
             for field in entity.fields:
                 expect(columns).to_contain_text(field.name)
                 expect(columns).to_contain_text(field.meaning)
             page.screenshot(path=ARTEFACTS / f"columns-{entity.table}.png", full_page=True)
+
+
+@pytest.mark.timeout(900)
+def test_the_ui_shows_each_tenants_partition_and_its_last_run(browser, tmp_path):
+    """With a tenants file: the published warehouse's partitions are the tenants, each
+    materialized by its own last run into its own warehouse; the runs list each tenant's."""
+    from playwright.sync_api import expect
+
+    from cli.tenants import sandbox_tenants
+    from tests.sandboxes import serving
+
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    names = ["clinic-a", "clinic-b"]
+    with serving(names, scale=0.02) as sandbox:
+        found = sandbox_tenants(sandbox, tmp_path / "tenants.toml")
+        with dev_server(tmp_path, tenants_file=found.path) as server:
+            last = {name: run_job(server.url, NIGHTLY_JOB, partition=name) for name in names}
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(WAIT_MS)
+            published = "/assets/" + "/".join(PUBLISHED_KEY.path)
+            visit(page, f"{server.url}{published}?view=partitions")
+            body = page.locator("body")
+            expect(body).to_contain_text(f"Materialized ({len(names)})")
+            for name in names:
+                expect(body).to_contain_text(name)
+            page.screenshot(path=ARTEFACTS / "tenants-partitions.png", full_page=True)
+            for name in names:  # the partition's latest materialization: its run, its file
+                visit(page, f"{server.url}{published}?view=partitions&partition={name}")
+                expect(body).to_contain_text("Latest materialization")
+                expect(body).to_contain_text(last[name][:8])
+                expect(body).to_contain_text(str(found.get(name).warehouse))
+                page.screenshot(path=ARTEFACTS / f"tenant-{name}.png", full_page=True)
+                visit(page, f"{server.url}/runs?q%5B0%5D=tag%3A{PARTITION_TAG}%3D{name}")
+                expect(body).to_contain_text(f"partition: {name}")
+                expect(body).to_contain_text(last[name][:8])
+                expect(body).to_contain_text("Success")
+                other = next(n for n in names if n != name)
+                expect(body).not_to_contain_text(last[other][:8])

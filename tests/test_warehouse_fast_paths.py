@@ -9,45 +9,37 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 
-import pytest
-
 from connectors.clinical_records.catalogue import APPOINTMENTS, CLAIMS
-from tests.warehouse_records import Harness, record
+from tests.warehouse_records import record
 from warehouse.normalise import normalise
 
 
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
-
-
-def test_an_impossible_datetime_among_plain_ones_is_rejected_and_the_rest_converted():
+def test_an_impossible_datetime_among_plain_ones_is_kept_raw_and_the_rest_converted():
     records = [
         record(APPOINTMENTS, 1, start_datetime="2026-01-02T09:30:00.5+02:00"),
         record(APPOINTMENTS, 2, start_datetime="2026-02-30T09:30:00Z"),
         record(APPOINTMENTS, 3, start_datetime="2026-01-02T23:00:00-05:00"),
     ]
     batch = normalise(APPOINTMENTS, records)
-    assert [r.key for r in batch.errors] == ["app-2"]
-    assert "start_datetime: not a valid date-time" in batch.errors[0].reason
+    assert [r.key for r in batch.unfit] == ["app-2"] and not batch.errors
+    assert "start_datetime: not a valid date-time" in batch.unfit[0].reason
     assert batch.table.column("start_datetime").to_pylist() == [
         datetime(2026, 1, 2, 7, 30, 0, 500000, tzinfo=UTC),
+        None,
         datetime(2026, 1, 3, 4, 0, tzinfo=UTC),
     ]
 
 
-def test_an_impossible_date_among_good_ones_is_rejected_and_the_rest_converted():
+def test_an_impossible_date_among_good_ones_is_kept_raw_and_the_rest_converted():
     records = [
         record(CLAIMS, 1, date_of_service="2024-02-29"),
         record(CLAIMS, 2, date_of_service="2026-02-29"),
         record(CLAIMS, 3, date_of_service=None),
     ]
     batch = normalise(CLAIMS, records)
-    assert [r.key for r in batch.errors] == ["2"]
-    assert "not a calendar date" in batch.errors[0].reason
-    assert batch.table.column("date_of_service").to_pylist() == [date(2024, 2, 29), None]
+    assert [r.key for r in batch.unfit] == ["2"] and not batch.errors
+    assert "not a calendar date" in batch.unfit[0].reason
+    assert batch.table.column("date_of_service").to_pylist() == [date(2024, 2, 29), None, None]
 
 
 def test_a_key_twice_in_one_batch_keeps_the_newest_version(harness):
@@ -59,8 +51,8 @@ def test_a_key_twice_in_one_batch_keeps_the_newest_version(harness):
     ]
     result = harness.sync(CLAIMS, pages)
     assert (result.inserted, result.fetched) == (2, 4)
-    rows = harness.rows('SELECT "id", "total_claim_amount"::VARCHAR FROM "clinical"."claims"')
-    assert sorted(rows) == [(1, "5.0000"), (2, "8.0000")]
+    rows = harness.rows('SELECT "id", "total_claim_amount"::INTEGER FROM "clinical"."claims"')
+    assert sorted(rows) == [(1, 5), (2, 8)]
     assert harness.rows('SELECT count(*) FROM "history"."claims"') == [(2,)]
 
 

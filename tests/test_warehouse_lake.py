@@ -34,7 +34,7 @@ def digest(path) -> str:
 def test_duckdb_and_pyarrow_read_the_lake_with_hive_partitions(tmp_path):
     lake = Lake(tmp_path / "lake")
     write(lake, [record(APPOINTMENTS, i, patient_id=str(i)) for i in (1, 2)], day=0, run_id="r1")
-    # A reject and an unknown field on the second day: rows and extras stay readable.
+    # A value kept raw and an unknown field on the second day: rows and extras stay readable.
     write(
         lake,
         [record(APPOINTMENTS, 3, loyalty="gold"), record(APPOINTMENTS, 4, start_time="25:00:00")],
@@ -52,12 +52,14 @@ def test_duckdb_and_pyarrow_read_the_lake_with_hive_partitions(tmp_path):
     ).fetchall()
     first, second = T0.date(), T0.date() + timedelta(days=1)
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
-        ("appointments", first, "app-1", 1),
-        ("appointments", first, "app-2", 2),
-        ("appointments", second, "app-3", 3),
+        ("appointments", first, "app-1", "1"),
+        ("appointments", first, "app-2", "2"),
+        ("appointments", second, "app-3", "3patient_id"),
+        ("appointments", second, "app-4", "4patient_id"),
     ]
     assert rows[0][4].isoformat() == "2026-02-01T09:00:00+00:00"  # +01:00 sent, UTC stored
     assert rows[2][5] == '{"loyalty": "gold"}'
+    assert rows[3][5] == '{"start_time": "25:00:00"}'
     types = dict(
         con.execute(
             """SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM
@@ -65,13 +67,13 @@ def test_duckdb_and_pyarrow_read_the_lake_with_hive_partitions(tmp_path):
             [glob],
         ).fetchall()
     )
-    assert types["extracted_date"] == "DATE" and types["patient_id"] == "BIGINT"
+    assert types["extracted_date"] == "DATE" and types["patient_id"] == "VARCHAR"
     assert types["start_datetime"] == "TIMESTAMP WITH TIME ZONE"
     assert types["start_time"] == "TIME" and types["recurring"] == "BOOLEAN"
 
     # pyarrow skips `_`-prefixed folders (`_tmp`, `_rejects`), so the root reads as a dataset.
     table = ds.dataset(lake.root, format="parquet", partitioning="hive").to_table()
-    assert table.num_rows == 3
+    assert table.num_rows == 4
     assert sorted(set(table.column("entity").to_pylist())) == ["appointments"]
     assert table.schema.field("extracted_date").type in (pa.date32(), pa.string())
     days = {str(d) for d in table.column("extracted_date").to_pylist()}

@@ -19,19 +19,14 @@ from connectors.clinical_records.catalogue import (
     f,
 )
 from tests.warehouse_records import Harness, record
+from warehouse import ops
 from warehouse.lake import Lake
 from warehouse.load import SourceMismatch, Warehouse, WarehouseLocked, status
+from warehouse.normalise import REJECT
 
 EVERYTHING = """
     SELECT * EXCLUDE ("_extras"), "_extras"::VARCHAR FROM "clinical"."{t}" ORDER BY ALL
 """
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.close()
 
 
 def amounts(harness: Harness) -> dict[int, Decimal]:
@@ -122,15 +117,15 @@ def test_a_batch_extracted_before_the_deleting_snapshot_does_not_bring_a_record_
     changed = harness.wh.load(CLAIMS, [late], run_id="late")
     assert (changed.resurrected, changed.updated) == (0, 1)  # its content, still deleted
     assert harness.rows(
-        'SELECT "id", "total_claim_amount"::VARCHAR, "_deleted_at" IS NOT NULL '
+        'SELECT "id", "total_claim_amount"::DOUBLE, "_deleted_at" IS NOT NULL '
         'FROM "clinical"."claims" ORDER BY 1'
-    ) == [(1, "1.5000", False), (2, "9.0000", True)]
+    ) == [(1, 1.5, False), (2, 9, True)]
     # As if the loads had committed in extraction order: the older version closed when the
     # newer was extracted, the newer one closed by the deletion.
     assert harness.rows(
-        'SELECT "total_claim_amount"::VARCHAR, "_valid_to" IS NOT NULL FROM "history"."claims" '
+        'SELECT "total_claim_amount"::DOUBLE, "_valid_to" IS NOT NULL FROM "history"."claims" '
         'WHERE "id" = 2 ORDER BY "_valid_from"'
-    ) == [("2.5000", True), ("9.0000", True)]
+    ) == [(2.5, True), (9, True)]
 
 
 def test_keys_found_deleted_by_an_extraction_are_soft_deleted_as_of_it(harness):
@@ -159,10 +154,11 @@ def test_keys_found_deleted_by_an_extraction_are_soft_deleted_as_of_it(harness):
 def test_a_new_record_extracted_before_a_snapshot_that_missed_it_loads_deleted(harness):
     # Overlapping runs: an incremental run extracted claims 3 and 4 (day 0); a snapshot
     # extracted on day 1, without claim 3 (deleted at the source since) and with claim 4
-    # rejected, committed first. Loaded in extraction order, 3 would be marked by it.
+    # rejected (its key sent as text), committed first. Loaded in extraction order, 3 would
+    # be marked by it.
     late = harness.write(CLAIMS, [record(CLAIMS, 3), record(CLAIMS, 4)], day=0)
     snapshot = harness.write(
-        CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 4, date_of_service="soon")], day=1, snapshot=True
+        CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 4, id="4")], day=1, snapshot=True
     )
     harness.wh.load(CLAIMS, [snapshot], run_id="snapshot", snapshot=True)
     result = harness.wh.load(CLAIMS, [late], run_id="late")
@@ -212,9 +208,7 @@ def test_a_warehouse_made_before_ops_snapshots_records_its_last_snapshot(harness
 
 def test_a_rejected_record_in_a_snapshot_is_not_marked_deleted(harness):
     harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)], snapshot=True)
-    result = harness.sync(
-        CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2, date_of_service="soon")], snapshot=True
-    )
+    result = harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2, id="2")], snapshot=True)
     assert (result.rejected, result.soft_deleted) == (1, 0)
 
 
@@ -317,6 +311,46 @@ def test_status_reports_rows_rejects_and_watermark(harness):
         "w1",
         "run-001",
     )
+
+
+def notes(harness, kind: str) -> list[tuple]:
+    return harness.rows(
+        'SELECT "key", "run_id", "resolved_run_id" FROM "ops"."rejects" WHERE "kind" = ? '
+        "ORDER BY ALL",
+        [kind],
+    )
+
+
+def counted(harness) -> tuple[int, int]:
+    """(rejects, values kept raw) of Claims as `status` counts them."""
+    claims = {s.entity: s for s in harness.wh.status()}["Claims"]
+    return claims.rejects, claims.unfit
+
+
+def rejected_keys(harness) -> set:
+    """The keys reconciliation counts as held though rejected (sync/state.py)."""
+    return set(ops.rejected_keys(harness.wh.con, "Claims", REJECT))
+
+
+def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_rest(harness):
+    # Run 1: claim "5" sent as a string (no usable key) and claim 6 with an amount that does
+    # not fit; run 2 reads both again, claim 5 fixed and 6 still unfit; run 3 fixes 6.
+    harness.sync(CLAIMS, [record(CLAIMS, 5, id="5"), record(CLAIMS, 6, uncollected="1e5")])
+    assert counted(harness) == (1, 1)
+    assert rejected_keys(harness) == {"5"}
+    harness.sync(CLAIMS, [record(CLAIMS, 5), record(CLAIMS, 6, uncollected="1e5")], day=1)
+    assert notes(harness, "reject") == [("5", "run-001", "run-002")]  # kept, resolved
+    assert notes(harness, "unfit") == [("6", "run-001", "run-002"), ("6", "run-002", None)]
+    assert counted(harness) == (0, 1)
+    assert rejected_keys(harness) == set()  # a resolved reject is not a key held
+    harness.sync(CLAIMS, [record(CLAIMS, 6)], day=2)
+    assert counted(harness) == (0, 0)
+    # A reject after its key loaded stays open: the table holds an older version than the
+    # source last sent (claim 6); claim 7's reject is resolved as before.
+    harness.sync(CLAIMS, [record(CLAIMS, 7, id="7")], day=3)
+    harness.sync(CLAIMS, [record(CLAIMS, 6, id="6"), record(CLAIMS, 7)], day=3)
+    assert counted(harness) == (1, 0)
+    assert notes(harness, "reject")[-1] == ("7", "run-004", "run-005")
 
 
 def test_runs_are_recorded(harness):

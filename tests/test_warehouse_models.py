@@ -1,10 +1,14 @@
-"""The analytics views link prescriptions, claims, verifications, patients and physicians."""
+"""The analytics models link prescriptions, claims, verifications, patients and physicians;
+each is a table built from its SELECT, all in one transaction, and a publication never copies
+them older than the clinical tables they read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date
 from decimal import Decimal
 
+import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import (
@@ -17,7 +21,11 @@ from connectors.clinical_records.catalogue import (
     PHYSICIANS,
     PRESCRIPTIONS,
 )
-from tests.warehouse_records import Harness, record
+from tests.warehouse_records import Harness, analytics_rows, record
+from warehouse import models
+from warehouse.load import LoadResult, SetResult
+from warehouse.models import Model, parse
+from warehouse.publish import publish
 
 
 @pytest.fixture
@@ -116,11 +124,11 @@ def linked(tmp_path):
             ),
         ],
     )
-    assert h.wh.refresh_models() == [
-        "01_prescription_claims",
-        "02_prescription_verifications",
-        "03_prescription_summary",
-        "04_broken_references",
+    assert list(h.wh.refresh_models()) == [
+        "prescription_claims",
+        "prescription_verifications",
+        "prescription_summary",
+        "broken_references",
     ]
     yield h
     h.close()
@@ -192,7 +200,7 @@ def test_broken_references(linked):
 @pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "America/Los_Angeles"])
 def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path, zone):
     """delivered_on is free text; a date-time's date is the clinic's day as written, not
-    the day the offset and the analyst's TimeZone setting would make of it."""
+    the day the offset and the TimeZone of the session that builds the table would make."""
     h = Harness(tmp_path)
     written = {
         1: "2026-01-11T23:30:00-05:00",
@@ -202,16 +210,174 @@ def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path,
         5: "left at the door",
     }
     h.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, k, delivered_on=v) for k, v in written.items()])
+    h.rows(f"SET TimeZone = '{zone}'")  # the session that builds the table, and reads it
     h.wh.refresh_models()
-    h.rows(f"SET TimeZone = '{zone}'")
     days = dict(
         h.rows("SELECT prescription_id, delivered_date FROM analytics.prescription_summary")
     )
     assert days == {
-        1: date(2026, 1, 11),
-        2: date(2026, 1, 11),
-        3: date(2026, 1, 11),
-        4: date(2026, 1, 11),
-        5: None,
+        "1": date(2026, 1, 11),
+        "2": date(2026, 1, 11),
+        "3": date(2026, 1, 11),
+        "4": date(2026, 1, 11),
+        "5": None,
     }
     h.close()
+
+
+def test_sync_health_and_status_show_each_sets_last_run_and_the_run_its_flag(tmp_path):
+    """A set's last recorded result wins; a run is exact while every set it loaded is, and a
+    failed run is not exact whatever its sets said."""
+    h = Harness(tmp_path)
+    claims = SetResult(CLAIMS.name, "snapshot", 4, 0)
+    wrong = SetResult(
+        INSURANCE_VERIFICATIONS.name,
+        "snapshot",
+        20,
+        9,
+        failed_checks=("reconciled_with_source",),
+        warned_checks=("read_whole_recently",),
+        staleness_hours=30.5,
+    )
+    for run_id, results in (("run-1", [claims, wrong]), ("run-2", [claims])):
+        for result in results:
+            with h.wh.transaction():
+                h.wh.add_to_run(run_id, [result.entity], LoadResult())
+                h.wh.record_set_result(run_id, result)
+    h.wh.record_set_result("run-2", claims)  # a step tried again: still one row
+    h.wh.fail_run("run-3", "extract_patients: refused")
+    h.wh.refresh_models()
+    health = {
+        r[0]: r[1:]
+        for r in h.rows(
+            "SELECT entity, exact, unreconciled, failed_checks, warned_checks, staleness_hours, "
+            "run_id FROM analytics.sync_health"
+        )
+    }
+    assert health == {
+        "Claims": (True, 0, [], [], None, "run-2"),
+        "InsuranceVerifications": (
+            False,
+            9,
+            ["reconciled_with_source"],
+            ["read_whole_recently"],
+            30.5,
+            "run-1",
+        ),
+    }
+    runs = dict(h.rows('SELECT "run_id", "exact" FROM "ops"."sync_runs"'))
+    assert runs == {"run-1": False, "run-2": True, "run-3": False}
+    states = {s.entity: s.last_result for s in h.wh.status()}
+    ended = states["InsuranceVerifications"]
+    assert ended == replace(wrong, run_id="run-1", recorded_at=ended.recorded_at)
+    assert states["Patients"] is None and states["Claims"].exact
+    h.close()
+
+
+def test_models_are_named_by_their_file_and_read_the_tables_they_join():
+    found = {m.name: m for m in models.models()}
+    assert list(found) == [
+        "prescription_claims",
+        "prescription_verifications",
+        "prescription_summary",
+        "broken_references",
+    ]
+    assert {"prescriptions", "claims"} <= {e.table for e in found["prescription_claims"].sources}
+    assert found["prescription_summary"].description.endswith("to first claim.")
+    model = parse(
+        "07_x.sql",
+        "-- One row per thing: its parts, and the days from\n-- one step to the next.\n"
+        "-- More detail.\nSELECT * FROM clinical.claims;\n",
+    )
+    assert (model.name, [e.name for e in model.sources], model.sql[-20:]) == (
+        "x",
+        ["Claims"],
+        "FROM clinical.claims",
+    )
+    assert model.description == (
+        "One row per thing: its parts, and the days from one step to the next."
+    )
+    for name, sql in (("x.sql", "SELECT 1"), ("01_x.sql", " ;\n")):
+        with pytest.raises(ValueError, match=r"NN_<name>|empty"):
+            parse(name, sql)
+
+
+def test_each_model_is_a_table_equal_to_its_select_with_a_comment(linked):
+    kinds = linked.rows(
+        "SELECT table_name, comment FROM duckdb_tables() WHERE schema_name = 'analytics'"
+    )
+    assert {name for name, _ in kinds} == {m.name for m in models.models()}
+    assert all(comment for _, comment in kinds)
+    assert linked.rows("SELECT count(*) FROM duckdb_views() WHERE schema_name = 'analytics'") == [
+        (0,)
+    ]
+    for name, (table, query) in analytics_rows(linked.wh.con).items():
+        assert table == query and table, name
+    built = dict(linked.rows('SELECT "name", "rows" FROM "ops"."models"'))
+    assert built == {name: len(rows) for name, (rows, _) in analytics_rows(linked.wh.con).items()}
+
+
+def test_a_failing_model_keeps_every_table_as_it_was(linked, monkeypatch):
+    before = analytics_rows(linked.wh.con)
+    built = linked.rows('SELECT * FROM "ops"."models" ORDER BY 1')
+    linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
+    broken = Model(
+        "zz_broken", "Reads a table that is not there.", "SELECT * FROM clinical.nope", ()
+    )
+    real = models.models()
+    monkeypatch.setattr(models, "models", lambda: [*real, broken])
+    with pytest.raises(Exception, match="nope"):
+        linked.wh.refresh_models()
+    # The first models were built before the failure, and rolled back with it.
+    assert {n: table for n, (table, _) in analytics_rows(linked.wh.con).items()} == {
+        n: table for n, (table, _) in before.items()
+    }
+    assert linked.rows('SELECT * FROM "ops"."models" ORDER BY 1') == built
+    assert "prescription_claims" in linked.wh.stale_models()
+
+
+def test_views_of_an_older_version_and_removed_models_give_way_to_the_tables(harness):
+    harness.rows("CREATE VIEW analytics.prescription_claims AS SELECT 1 AS x")
+    harness.rows("CREATE TABLE analytics.retired_model AS SELECT 1 AS x")
+    harness.wh.refresh_models()
+    held = harness.rows(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'analytics' "
+        "UNION ALL SELECT view_name FROM duckdb_views() WHERE schema_name = 'analytics'"
+    )
+    assert sorted(n for (n,) in held) == sorted(m.name for m in models.models())
+
+
+def test_a_load_since_the_build_makes_the_models_that_read_it_stale_and_publish_builds_them(
+    linked, tmp_path
+):
+    assert linked.wh.stale_models() == []
+    linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
+    # Verifications read no claim; the three that do are older than the load.
+    assert linked.wh.stale_models() == [
+        "prescription_claims",
+        "prescription_summary",
+        "broken_references",
+    ]
+    linked.close()
+    published = tmp_path / "published.duckdb"
+    publish(linked.path, published)
+    with duckdb.connect(str(published), read_only=True) as con:
+        for name, (table, query) in analytics_rows(con).items():
+            assert table == query, name
+        amounts = con.execute(
+            "SELECT total_claim_amount FROM analytics.prescription_claims WHERE claim_id = 5"
+        ).fetchall()
+        assert amounts == [(Decimal("7.00"),)]
+        assert models.stale(con, models.models()) == []
+
+
+def test_new_sql_or_a_new_schema_makes_a_model_stale(linked):
+    changed = [
+        Model(m.name, m.description, m.sql + " LIMIT 1", m.sources)
+        if m.name == "prescription_verifications"
+        else m
+        for m in models.models()
+    ]
+    assert models.stale(linked.wh.con, changed) == ["prescription_verifications"]
+    linked.rows('UPDATE "ops"."schema_version" SET "applied_at" = now() + INTERVAL 1 MINUTE')
+    assert len(linked.wh.stale_models()) == 4

@@ -2,9 +2,9 @@
 
 Normalisation converts whole columns and takes slower, more careful paths only when some
 value in the column needs one, so the same record meets different code beside different
-neighbours. Whatever the path, a record lands with the same values or is rejected for the
-same reasons as when it is normalised alone, and every landed value is one a Python client
-can read. The values are the hostile ones: wrong JSON kinds, numbers at the edges of BIGINT,
+neighbours. Whatever the path, a record lands with the same values and the same notes (or,
+without a usable key, is rejected for the same reasons) as when it is normalised alone, and
+every landed value is one a Python client can read. The values are the hostile ones: wrong JSON kinds, numbers at the edges of BIGINT,
 years 0 and 10000, leap seconds, impossible dates, fractions in integer fields.
 """
 

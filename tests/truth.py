@@ -1,5 +1,6 @@
 """The comparison every end-to-end test ends with: the source's records through the
-warehouse's own normaliser against the live rows of a `clinical` table, by key."""
+warehouse's own normaliser against the live rows of a `clinical` table, by key; and the
+records as the service sent them, for comparisons byte for byte."""
 
 from __future__ import annotations
 
@@ -7,9 +8,22 @@ from pathlib import Path
 
 import duckdb
 
-from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS, EntitySet
+from connectors.sandbox.server import SandboxServer
 from warehouse.ident import column_list, qualified
 from warehouse.normalise import normalise
+
+
+def sent(server: SandboxServer) -> dict[str, dict[object, dict]]:
+    """Every current record by set and key, decoded from the JSON the sandbox sends (its
+    `/_sandbox/truth`, encoded as every answer is): strings exactly as sent, decimals as
+    their text, numbers as ints. tests/test_sandbox_wide_values.py checks that the pages of
+    the API send these very values."""
+    truth = server.control().truth()
+    return {
+        entity.name: {r[entity.key]: r for r in truth[entity.name]}
+        for entity in (*ENTITY_SETS, DOCUMENTS)
+    }
 
 
 def canonical(entity: EntitySet, records: list[dict]) -> dict[object, dict]:

@@ -7,29 +7,33 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
+from warehouse.models import models
 from warehouse.normalise import normalise
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 
-# A valid JSON value per field, by the field's canonical type and its spec type.
-SAMPLE: dict[Canonical, Callable[[Field, int], object]] = {
-    Canonical.VARCHAR: lambda f, i: f"{i % 100}{f.name}"[: f.max_length or 60],
-    Canonical.BIGINT: lambda f, i: str(i) if f.type is Edm.STRING else i,
-    Canonical.DECIMAL: lambda f, i: f"{i}.5",
-    Canonical.BOOLEAN: lambda f, i: i % 2 == 0,
+# A valid JSON value per field, by the field's spec type (and its stated format).
+SAMPLE: dict[Edm | Canonical, Callable[[Field, int], object]] = {
+    Edm.STRING: lambda f, i: f"{i % 100}{f.name}"[: f.max_length or 60],
+    Edm.INT32: lambda f, i: i,
+    Edm.DECIMAL: lambda f, i: f"{i}.5",
+    Edm.BOOLEAN: lambda f, i: i % 2 == 0,
+    Edm.DATE: lambda f, i: "2026-02-01",
+    Edm.DATETIME: lambda f, i: "2026-02-01T10:00:00+01:00",
     Canonical.DATE: lambda f, i: "2026-02-01",
-    Canonical.TIMESTAMPTZ: lambda f, i: "2026-02-01T10:00:00+01:00",
     Canonical.TIME: lambda f, i: "09:30:00",
 }
 
 
 def record(entity: EntitySet, i: int, **values: object) -> dict[str, object]:
     """A complete record of `entity` with key `i` (as the spec types it), then `values`."""
-    out: dict[str, object] = {f.name: SAMPLE[f.canonical](f, i) for f in entity.fields}
-    if entity.key_field.canonical is Canonical.VARCHAR:
+    out: dict[str, object] = {f.name: SAMPLE[f.parse_as or f.type](f, i) for f in entity.fields}
+    if entity.key_field.type is Edm.STRING:
         out[entity.key] = f"{entity.table[:3]}-{i}"
     out.update(values)
     return out
@@ -114,3 +118,14 @@ def contents(path: str | Path) -> dict[str, list[tuple]]:
                 f'SELECT {select} FROM "{schema}"."{table}" ORDER BY ALL'
             ).fetchall()
         return out
+
+
+def analytics_rows(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[list[str], list[str]]]:
+    """Per model: (its table's rows, its SELECT's rows over the clinical tables now), both
+    sorted as text: equal when the table is what the model says of the data beside it."""
+    out = {}
+    for model in models():
+        table = con.execute(f'SELECT * FROM "analytics"."{model.name}"').fetchall()
+        query = con.execute(model.sql).fetchall()
+        out[model.name] = (sorted(map(repr, table)), sorted(map(repr, query)))
+    return out

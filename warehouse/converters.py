@@ -1,8 +1,10 @@
 """One column of JSON values -> its canonical Arrow type, checked with pyarrow compute.
 
 Each converter takes the column as the JSON gave it (or as text where its kinds were mixed)
-and returns the cast column with the rows that failed, each with its reason; `normalise`
-turns those into rejects. Nothing loops per value: regular expressions find the bad rows.
+and returns the cast column with the rows whose value did not fit, each with its reason.
+Such a value never costs its record: the column is null there (a date-time finer than a
+microsecond: cut to microseconds), and `normalise` keeps the value as sent in `_extras`
+and counts it. Nothing loops per value: regular expressions find the rows that differ.
 """
 
 from __future__ import annotations
@@ -18,21 +20,26 @@ from connectors.clinical_records.catalogue import (
     DECIMAL_PRECISION,
     DECIMAL_SCALE,
     Canonical,
+    Edm,
     Field,
 )
 from warehouse.schema import ARROW_BY_CANONICAL
 
+Rows = list[tuple[np.ndarray, str]]  # (mask of rows, why)
+
 
 @dataclass
 class Converted:
-    """A column in its canonical type plus the rows that failed, each with a reason."""
+    """A column in its canonical type, the rows whose value did not fit it (null there, or
+    cut), and notes on rows kept as they are (a string over its max length)."""
 
     values: pa.Array
-    errors: list[tuple[np.ndarray, str]] = field(default_factory=list)
-    warnings: list[tuple[np.ndarray, str]] = field(default_factory=list)
+    unfit: Rows = field(default_factory=list)
+    warnings: Rows = field(default_factory=list)
 
 
-# The JSON kinds each canonical type accepts (a key sent as a number or as "123" alike).
+# The JSON kinds each spec type accepts (spec section 2, type notes): a number where the
+# spec says string is its text, decimals come as text or numbers; anything else does not fit.
 KIND_BY_TYPE: dict[type, str] = {
     str: "string",
     bool: "boolean",
@@ -41,39 +48,49 @@ KIND_BY_TYPE: dict[type, str] = {
     dict: "object",
     list: "array",
 }
-ACCEPTED_KINDS: dict[Canonical, frozenset[str]] = {
-    Canonical.VARCHAR: frozenset({"string", "integer"}),
-    Canonical.BIGINT: frozenset({"string", "integer"}),
-    Canonical.DECIMAL: frozenset({"string", "integer", "number"}),
-    Canonical.BOOLEAN: frozenset({"boolean"}),
-    Canonical.DATE: frozenset({"string"}),
-    Canonical.TIMESTAMPTZ: frozenset({"string"}),
-    Canonical.TIME: frozenset({"string"}),
+ACCEPTED_KINDS: dict[Edm, frozenset[str]] = {
+    Edm.STRING: frozenset({"string", "integer", "number"}),
+    Edm.INT32: frozenset({"integer"}),
+    Edm.DECIMAL: frozenset({"string", "integer", "number"}),
+    Edm.BOOLEAN: frozenset({"boolean"}),
+    Edm.DATE: frozenset({"string"}),
+    Edm.DATETIME: frozenset({"string"}),
+}
+SPEC_SENDS: dict[Edm, str] = {
+    Edm.STRING: "text",
+    Edm.INT32: "an integer",
+    Edm.DECIMAL: "decimal text",
+    Edm.BOOLEAN: "true or false",
+    Edm.DATE: "a date as text",
+    Edm.DATETIME: "a date-time as text",
 }
 TEXT_BY_KIND: dict[str, Callable[[object], object]] = {
     "string": lambda v: v,
-    "integer": str,
-    "number": repr,
+    "integer": str,  # its decimal text: 123 -> "123"
+    "number": repr,  # the shortest text that reads back as the same float
     "boolean": lambda v: v,  # stays a bool: the only kind BOOLEAN accepts
 }
 
-# Up to BIGINT's 19 digits, leading zeros aside; the cast finds what overflows.
-INTEGER_RE = r"^-?0*[0-9]{1,19}$"
-NUMBER_RE = r"^-?[0-9]+(\.[0-9]+)?$"
-_INT_DIGITS = DECIMAL_PRECISION - DECIMAL_SCALE
-# Leading zeros and trailing fractional zeros lose nothing; any other digit beyond
-# DECIMAL(18,4) would, so such a value is a reject.
-DECIMAL_FITS_RE = rf"^-?0*[0-9]{{1,{_INT_DIGITS}}}(\.[0-9]{{0,{DECIMAL_SCALE}}}0*)?$"
-DATE_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
-DATETIME_RE = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
-    r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)?$"
+# Decimal text (spec: Edm.Decimal, the sandbox's OpenAPI pattern): a sign, digits, a point
+# anywhere among them. No exponent: 1e3 is not decimal text.
+DECIMAL_RE = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
+# ... that DECIMAL(38,12) holds exactly: leading zeros and a fraction's trailing ones aside.
+DECIMAL_FITS_RE = (
+    rf"^[+-]?0*[0-9]{{0,{DECIMAL_PRECISION - DECIMAL_SCALE}}}(\.[0-9]{{0,{DECIMAL_SCALE}}}0*)?$"
 )
-_PLAIN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]FRACTION)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-PLAIN_DATETIME_RE = _PLAIN.replace("FRACTION", "{1,6}")
-FINE_DATETIME_RE = _PLAIN.replace("FRACTION", "+")  # finer than microseconds: .NET writes 7
-OFFSET_RE = r"([Zz]|[+-][0-9]{2}(:?[0-9]{2})?)$"
-TIME_RE = r"^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]$"
+DATE_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+# RFC 3339 and ISO 8601 extended, after `_uniform` (T, Z, a point before the fraction).
+OFFSET = r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)"
+DATETIME_RE = (
+    rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ][0-9]{{2}}:[0-9]{{2}}(:[0-9]{{2}}(\.[0-9]+)?)?{OFFSET}$"
+)
+NO_OFFSET_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?$"
+_PLAIN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
+PLAIN_DATETIME_RE = _PLAIN  # the common shape, cast at once
+FINER_RE = r"\.[0-9]{6}0*[1-9]"  # a digit past the microsecond that is not zero
+TIME_RE = r"^(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]|24:00:00)$"  # 24:00:00: end of day
+
+DECIMAL_TYPE = f"DECIMAL({DECIMAL_PRECISION},{DECIMAL_SCALE})"
 
 
 def bool_mask(arr: pa.Array) -> np.ndarray:
@@ -90,23 +107,32 @@ def _null_where(arr: pa.Array, bad: pa.Array) -> pa.Array:
     return pc.if_else(bad, pa.scalar(None, arr.type), arr)
 
 
+def _cast_whole(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """The whole column cast at once, or None when some value does not cast."""
+    try:
+        return pc.cast(arr, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def _cast_each(arr: pa.Array, target: pa.DataType) -> tuple[pa.Array, np.ndarray]:
     """Cast, and when one value spoils the whole cast, find it value by value (rare path).
     The values stay in Arrow: a Python object cannot hold every value Arrow can (year 0)."""
-    try:
-        return pc.cast(arr, target), np.zeros(len(arr), dtype=bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pieces, bad = [], np.zeros(len(arr), dtype=bool)
-        for i in range(len(arr)):
-            try:
-                pieces.append(pc.cast(arr.slice(i, 1), target))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pieces.append(pa.nulls(1, target))
-                bad[i] = arr[i].is_valid
-        return pa.concat_arrays(pieces), bad
+    whole = _cast_whole(arr, target)
+    if whole is not None:
+        return whole, np.zeros(len(arr), dtype=bool)
+    pieces, bad = [], np.zeros(len(arr), dtype=bool)
+    for i in range(len(arr)):
+        one = _cast_whole(arr.slice(i, 1), target)
+        if one is None:
+            one = pa.nulls(1, target)
+            bad[i] = arr[i].is_valid
+        pieces.append(one)
+    return pa.concat_arrays(pieces), bad
 
 
 def to_varchar(arr: pa.Array, fld: Field) -> Converted:
+    """Text as sent; a number (an id the spec types as a number here) as its decimal text."""
     values = arr if arr.type == pa.string() else pc.cast(arr, pa.string())
     result = Converted(values)
     if fld.max_length is not None:
@@ -116,39 +142,41 @@ def to_varchar(arr: pa.Array, fld: Field) -> Converted:
     return result
 
 
-def _any_hex(arr: pa.Array) -> bool:
-    prefixed = pc.or_(pc.starts_with(arr, "0x"), pc.starts_with(arr, "0X"))
-    return pc.any(prefixed).as_py() is True
-
-
 def to_bigint(arr: pa.Array, fld: Field) -> Converted:
     if arr.type == pa.int64():
         return Converted(arr)
-    # Arrow's cast reads what INTEGER_RE accepts within BIGINT's range, and 0x-hexadecimal,
-    # which no JSON integer is: when the whole column casts and nothing is hexadecimal, the
-    # regular expression (six times the cost of the cast) has nothing to find.
-    values = _cast_whole(arr, pa.int64())
-    if values is not None and not _any_hex(arr):
-        return Converted(values)
-    bad = _failing(arr, INTEGER_RE)
-    values, overflow = _cast_each(_null_where(arr, bad), pa.int64())
-    return Converted(values, [(bool_mask(bad) | overflow, "not an integer within BIGINT's range")])
+    # Text here is the decimal text of JSON integers (the column's kinds were mixed): only
+    # one beyond BIGINT's range fails the cast.
+    values, beyond = _cast_each(arr, pa.int64())
+    return Converted(values, [(beyond, "an integer beyond BIGINT's range")])
 
 
 def to_decimal(arr: pa.Array, fld: Field) -> Converted:
+    """Exact or not at all. The digits are counted here: Arrow's cast wraps a value past
+    DECIMAL(38,...)'s range into another number without a word."""
     target = ARROW_BY_CANONICAL[Canonical.DECIMAL]
-    not_number = _failing(arr, NUMBER_RE)
-    loses = pc.and_(pc.invert(not_number), _failing(arr, DECIMAL_FITS_RE))
-    bad = pc.or_(not_number, loses)
-    values, cast_bad = _cast_each(_null_where(arr, bad), target)
-    lossy = f"would lose digits in DECIMAL({DECIMAL_PRECISION},{DECIMAL_SCALE})"
+    not_number = _failing(arr, DECIMAL_RE)
+    too_many = pc.and_(pc.invert(not_number), _failing(arr, DECIMAL_FITS_RE))
+    bad = pc.or_(not_number, too_many)
+    text = arr if not pc.any(bad).as_py() else _null_where(arr, bad)
+    values = _cast_whole(text, target)
+    if values is None:  # idle zeros past the precision (0012.50000000000000000): rare
+        values = pc.cast(_without_idle_zeros(text), target)
     return Converted(
         values,
         [
-            (bool_mask(not_number), "not a decimal number"),
-            (bool_mask(loses) | cast_bad, lossy),
+            (bool_mask(not_number), "not decimal text"),
+            (bool_mask(too_many), f"more digits than {DECIMAL_TYPE} holds"),
         ],
     )
+
+
+def _without_idle_zeros(text: pa.Array) -> pa.Array:
+    """Leading zeros and a fraction's trailing ones hold no digit, but Arrow counts them
+    against the precision: 0012.50000000000000 is 12.5."""
+    text = pc.replace_substring_regex(text, r"^([+-]?)0+([0-9])", r"\1\2")
+    text = pc.replace_substring_regex(text, r"(\.[0-9]*[1-9])0+$", r"\1")
+    return pc.replace_substring_regex(text, r"\.0+$", r".0")
 
 
 def to_boolean(arr: pa.Array, fld: Field) -> Converted:
@@ -156,21 +184,13 @@ def to_boolean(arr: pa.Array, fld: Field) -> Converted:
 
 
 def _in_years(converted: Converted) -> Converted:
-    """Dates and times outside the years 0001-9999 (in UTC) are rejects: Python's `date`
-    and `datetime`, and so most analysts' clients, cannot read them."""
+    """Dates and times outside the years 0001-9999 (in UTC) do not fit: Python's `date` and
+    `datetime`, and so most analysts' clients, cannot read them."""
     year = pc.year(converted.values)
     outside = pc.or_(pc.less(year, 1), pc.greater(year, 9999))
     converted.values = _null_where(converted.values, outside)
-    converted.errors.append((bool_mask(outside), "outside the years 0001-9999"))
+    converted.unfit.append((bool_mask(outside), "outside the years 0001-9999"))
     return converted
-
-
-def _cast_whole(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
-    """The whole column cast at once, or None when some value does not parse."""
-    try:
-        return pc.cast(arr, target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
 
 
 def to_date(arr: pa.Array, fld: Field) -> Converted:
@@ -193,43 +213,51 @@ def to_date(arr: pa.Array, fld: Field) -> Converted:
     )
 
 
+def _uniform(text: pa.Array) -> pa.Array:
+    """The spellings RFC 3339 and ISO 8601 allow beside the one Arrow reads: a lower-case
+    t or z, a comma before the fraction."""
+    text = pc.replace_substring_regex(text, r"^([0-9]{4}-[0-9]{2}-[0-9]{2})t", r"\1T")
+    text = pc.replace_substring_regex(text, r"z$", "Z")
+    return pc.replace_substring_regex(text, r"(:[0-9]{2}),([0-9])", r"\1.\2")
+
+
 def _cut_fraction(text: pa.Array) -> pa.Array:
-    """Microseconds are the warehouse's precision; .NET-style 7-digit fractions are cut."""
+    """Microseconds are the warehouse's precision: longer fractions are cut."""
     return pc.replace_substring_regex(text, r"(\.[0-9]{6})[0-9]+", r"\1")
 
 
 def to_timestamptz(arr: pa.Array, fld: Field) -> Converted:
+    """An instant in UTC. A value without an offset names no instant and is not taken as
+    UTC; one finer than a microsecond is cut to microseconds and kept as sent as well."""
     target = ARROW_BY_CANONICAL[Canonical.TIMESTAMPTZ]
-    # The common shapes (seconds, a fraction, Z or +HH:MM) need no rewriting but a fraction
-    # cut to microseconds: a pattern or two and one cast, unless some value differs or does
-    # not parse. (A cast that fails costs about 25 times one that succeeds.)
-    plain = None
+    # The common shape (seconds, up to six fractional digits, Z or +HH:MM) is one pattern
+    # and one cast, unless some value differs. (A cast that fails costs about 25 times one
+    # that succeeds.)
     if not pc.any(_failing(arr, PLAIN_DATETIME_RE)).as_py():
-        plain = arr
-    elif not pc.any(_failing(arr, FINE_DATETIME_RE)).as_py():
-        plain = _cut_fraction(arr)
-    values = _cast_whole(plain, target) if plain is not None else None
-    if values is not None:
-        return _in_years(Converted(values))
-    shape = _failing(arr, DATETIME_RE)
-    text = _null_where(arr, shape)
-    text = pc.replace_substring_regex(_cut_fraction(text), "z$", "Z")  # Arrow reads only Z
-    # A date-time without an offset is taken as UTC (the spec promises an offset or Z).
-    has_offset = pc.match_substring_regex(text, OFFSET_RE)
-    text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))
+        values = _cast_whole(arr, target)
+        if values is not None:
+            return _in_years(Converted(values))
+    text = _uniform(arr)
+    no_offset = pc.match_substring_regex(text, NO_OFFSET_RE)
+    shape = pc.and_(_failing(text, DATETIME_RE), pc.invert(no_offset))
+    finer = pc.and_(pc.invert(shape), pc.match_substring_regex(text, FINER_RE))
+    text = _cut_fraction(_null_where(text, pc.or_(shape, no_offset)))
     values, impossible = _cast_each(text, target)
     return _in_years(
         Converted(
             values,
             [
+                (bool_mask(no_offset), "a date-time without an offset (not taken as UTC)"),
                 (bool_mask(shape), "not an ISO 8601 date-time"),
                 (impossible, "not a valid date-time"),
+                (bool_mask(finer) & ~impossible, "finer than a microsecond; cut to microseconds"),
             ],
         )
     )
 
 
 def to_time(arr: pa.Array, fld: Field) -> Converted:
+    """HH:MM:SS; 24:00:00, the end of a day, is DuckDB's TIME '24:00:00' as well."""
     bad = _failing(arr, TIME_RE)
     text = _null_where(arr, bad)
 

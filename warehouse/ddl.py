@@ -26,8 +26,10 @@ CLINICAL, HISTORY, OPS, ANALYTICS = "clinical", "history", "ops", "analytics"
 SCHEMAS: dict[str, str] = {
     CLINICAL: "Current state of every entity set, one row per record, soft deletes marked",
     HISTORY: "Type-2 history: every version of every record the syncs have seen",
-    OPS: "Sync bookkeeping: watermarks, runs, rejected rows, loaded batches, source",
-    ANALYTICS: "Linked models for analysts (views over clinical, deleted rows excluded)",
+    OPS: "Sync bookkeeping: watermarks, runs and how each set ended, rejected rows, loaded "
+    "batches, source",
+    ANALYTICS: "Linked models for analysts: tables built from clinical after every run's loads, "
+    "deleted rows excluded; and how each set's last run ended (sync_health, a view over ops)",
 }
 
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
@@ -96,20 +98,78 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
                 "Records by which a set's count still differed from the source when the "
                 "reconciliation budget ran out (0: every set ended equal to the source)",
             ),
+            "exact": (
+                "BOOLEAN",
+                "Every set the run loaded ended equal to the source by its own checks (no "
+                "check of severity ERROR failed; ops.set_results says which did); false for a "
+                "failed run, null while running",
+            ),
+        },
+    ),
+    "set_results": (
+        "One row per run and entity set: how the set ended, recorded with its checks right "
+        "after its load (`clinical-sync status` and analytics.sync_health read it)",
+        {
+            "run_id": ("VARCHAR", "Run that loaded the set"),
+            "entity": ("VARCHAR", "Entity set name as the spec writes it"),
+            "recorded_at": ("TIMESTAMPTZ", "When the set's load and checks finished"),
+            "mode": ("VARCHAR", "What the run read: snapshot, incremental, range, backfill, skip"),
+            "exact": (
+                "BOOLEAN",
+                "The set ended equal to the source by its own checks: none of severity ERROR "
+                "failed",
+            ),
+            "unreconciled": (
+                "BIGINT",
+                "Records by which the set may differ from the source after the run (what "
+                "reconciliation could not settle within its budget; 0 when it settled all)",
+            ),
+            "failed_checks": ("VARCHAR[]", "Checks of severity ERROR that failed"),
+            "warned_checks": ("VARCHAR[]", "Checks of severity WARN that failed"),
+            "staleness_hours": (
+                "DOUBLE",
+                "For a set without updated_at: hours since every record of it was last read "
+                "(-1: never read whole); null for the sets whose updates every run reads",
+            ),
+            "live_rows": ("BIGINT", "Rows of the set not soft-deleted after the load"),
         },
     ),
     "rejects": (
-        "Rows that could not be normalised (kind reject) or were kept with a note (kind warning)",
+        "Notes on records as sent: rejected (kind reject: no usable key), loaded with values "
+        "kept raw (kind unfit) or loaded with a note (kind warning); kept when a later read "
+        "loads the key, marked resolved",
         {
             "entity": ("VARCHAR", "Entity set name"),
             "key": ("VARCHAR", "Record key as sent, when known"),
-            "kind": ("VARCHAR", "reject: row not loaded; warning: row loaded, note only"),
-            "fields": ("VARCHAR[]", "Fields at fault"),
+            "kind": (
+                "VARCHAR",
+                "reject: row not loaded (no usable key); unfit: row loaded, the fields named "
+                "null (a date-time finer than a microsecond: cut) and their values as sent in "
+                "_extras; warning: row loaded as sent, note only",
+            ),
+            "fields": ("VARCHAR[]", "Fields at fault (unfit: the fields kept raw)"),
             "reason": ("VARCHAR", "Why, per field"),
             "raw_json": ("JSON", "The record exactly as the API sent it"),
             "run_id": ("VARCHAR", "Run that extracted the record"),
             "batch_id": ("VARCHAR", "Lake batch the reject belongs to"),
             "extracted_at": ("TIMESTAMPTZ", "Extraction time of that batch"),
+            "resolved_at": (
+                "TIMESTAMPTZ",
+                "Extraction time of the first later batch that loaded the same key (the source "
+                "sent the record again, usable): the note is history. Null while it is the "
+                "latest word on its key; status counts only those",
+            ),
+            "resolved_run_id": ("VARCHAR", "Run that extracted that batch"),
+        },
+    ),
+    "models": (
+        "The analytics tables as last built, so that a publication never copies them older "
+        "than the clinical tables they read",
+        {
+            "name": ("VARCHAR", "Model: the table analytics.<name> (warehouse/sql/NN_<name>.sql)"),
+            "fingerprint": ("VARCHAR", "SHA-256 of the SQL the table was built from"),
+            "built_at": ("TIMESTAMPTZ", "When the table was built (every model together)"),
+            "rows": ("BIGINT", "Rows built"),
         },
     ),
     "loaded_batches": (
@@ -227,6 +287,23 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
         yield from _history_view(entity, f"Every version of {what} seen")
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns)
+    yield SYNC_HEALTH
+    yield f"COMMENT ON VIEW {qualified(ANALYTICS, 'sync_health')} IS {literal(SYNC_HEALTH_MEANING)}"
+
+
+# How each set's last run ended: a view over ops.set_results, so it is current the moment a
+# result is recorded (the analytics models, tables built from clinical, are built before the
+# checks that decide it: warehouse/models.py leaves this view alone).
+SYNC_HEALTH_MEANING = (
+    "How each entity set's last run ended: exact when none of its checks of severity ERROR "
+    "failed, else the records by which it may differ (unreconciled) and the checks that failed"
+)
+DDL_VIEWS = frozenset({"sync_health"})  # analytics views the DDL owns, not models
+SYNC_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, "sync_health")} AS
+SELECT r.entity, r.exact, r.unreconciled, r.failed_checks, r.warned_checks,
+    r.staleness_hours, r.live_rows, r.mode, r.run_id, r.recorded_at
+FROM {qualified(OPS, "set_results")} AS r
+QUALIFY row_number() OVER (PARTITION BY r.entity ORDER BY r.recorded_at DESC) = 1"""
 
 
 def ops_table(name: str) -> Iterator[str]:

@@ -37,7 +37,10 @@ from warehouse.schema import arrow_schema, dictionary_columns
 META_KEY = b"clinical_sync.batch"
 REJECTS, DELETES = "rejects", "deletes"  # a batch's side files, under `_<kind>/`
 SOURCE_FILE = "_source.json"
-FORMAT_VERSION = 1
+# 2: issue 29's typing rule (ids as sent, DECIMAL(38,12), Prescriptions.created_at as text).
+# A batch of format 1 still loads (the merge casts each column on read), but what the old
+# rule merged or rejected is not in it.
+FORMAT_VERSION = 2
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 REJECTS_SCHEMA = pa.schema(
     [

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Concatenate, ParamSpec, TypeVar
@@ -20,15 +19,23 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, ops, vacuum
+from warehouse import ddl, migrations, models, ops, vacuum
 from warehouse.connection import Transaction, connect, memory_limit, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
 from warehouse.merge import Merge
-from warehouse.ops import EntityStatus, LoadResult
+from warehouse.ops import EntityStatus, LoadResult, SetResult
 from warehouse.private import make_private, private_dir
 
-__all__ = ["EntityStatus", "LoadResult", "SourceMismatch", "Warehouse", "WarehouseLocked", "status"]
+__all__ = [
+    "EntityStatus",
+    "LoadResult",
+    "SetResult",
+    "SourceMismatch",
+    "Warehouse",
+    "WarehouseLocked",
+    "status",
+]
 
 
 P = ParamSpec("P")
@@ -116,14 +123,15 @@ class Warehouse:
         (skipped while the DDL is the one last applied)."""
         migrations.ensure_schema(self.con, self.entities.values())
 
-    def refresh_models(self) -> list[str]:
-        """Create or replace the analytics views from `warehouse/sql/*.sql`, in name order."""
-        folder = resources.files("warehouse") / "sql"
-        scripts = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str)
-        with self._transaction():
-            for script in scripts:
-                self.con.execute(script.read_text(encoding="utf-8"))
-        return [Path(str(s)).stem for s in scripts]
+    def refresh_models(self) -> dict[str, int]:
+        """Build the analytics tables from `warehouse/sql/*.sql`, in name order, all in one
+        transaction (a failure leaves the previous ones); the rows of each."""
+        with self.transaction():
+            return models.refresh(self.con, models.models())
+
+    def stale_models(self) -> list[str]:
+        """The analytics tables older than the clinical tables they read (`models.stale`)."""
+        return models.stale(self.con, models.models())
 
     # -- source, runs, watermarks ------------------------------------------------------
 
@@ -139,13 +147,14 @@ class Warehouse:
                 "WAREHOUSE_PATH, or sync --force to adopt the new source"
             )
         if row != (base_url, customer):
-            with self._transaction():
+            with self.transaction():
                 ops.record_source(self.con, base_url, customer)
 
     record_run = _on_con(ops.record_run)
     finish_run = _on_con(ops.finish_run)
     add_to_run = _on_con(ops.add_to_run)
     fail_run = _on_con(ops.fail_run)
+    record_set_result = _on_con(ops.record_set_result)
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         return ops.watermark(self.con, self.entity(entity).name)
@@ -176,7 +185,7 @@ class Warehouse:
         for info in infos:
             if info.table != ent.table:
                 raise ValueError(f"batch of {info.entity} given to the load of {ent.name}")
-        with self._transaction():
+        with self.transaction():
             result = Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             ops.write_state(self.con, ent.name, run_id, infos, snapshot, watermark)
             if result:
@@ -184,7 +193,8 @@ class Warehouse:
                 vacuum.set_for_commit(self.con, ddl.CLINICAL, ent.table, appended)
         return result or LoadResult()
 
-    def _transaction(self) -> Transaction:
+    def transaction(self) -> Transaction:
+        """`with wh.transaction():` the block's statements commit together, or none."""
         return Transaction(self.con)
 
 

@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.catalogue import Canonical, EntitySet
 from warehouse import ddl, ops
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
@@ -53,6 +53,7 @@ class Merge:
         self.clinical = qualified(ddl.CLINICAL, ent.table)
         self.superseded = qualified(ddl.HISTORY, ddl.superseded_table(ent))
         self.key = quote(ent.key)
+        self.cursor = _ordering_cursor(ent)
         self.fields = [f.name for f in ent.fields]
         self.version = [*self.fields, *ddl.CONTENT_META]  # the columns a version consists of
         self.snapshot_at = max(i.extracted for i in infos)
@@ -79,6 +80,7 @@ class Merge:
         if snapshot:
             self._record_snapshot()
         rejected = self._rejects(new)
+        self._resolve_notes()
         ops.record_new_batches(self.con, self.ent.name)
         self.con.unregister("_batches")
         return LoadResult(
@@ -120,7 +122,7 @@ class Merge:
         """Whether a key occurs twice in the batches (reads the key column only)."""
         (duplicated,) = self.con.execute(
             f"""SELECT count(*) <> count(DISTINCT {self.key})
-                FROM read_parquet(?, hive_partitioning = false)""",
+                FROM read_parquet(?, hive_partitioning = false, union_by_name = true)""",
             [self.files],
         ).fetchone()
         return bool(duplicated)
@@ -145,15 +147,19 @@ class Merge:
     def _versions(self, ranked: bool) -> str:
         """SQL of the batches' rows with their content hash and cursor (`?`: the files);
         `ranked` adds batch order and row number, which break ties between versions."""
+        # Each column cast to its type: a batch written under an older typing rule (an id
+        # as BIGINT, DECIMAL(18,4)) loads as the warehouse now types it.
         select = ", ".join(
-            f"s.{quote(name)}" if name in self.present else f"NULL::{kind} AS {quote(name)}"
+            f"CAST(s.{quote(name)} AS {kind}) AS {quote(name)}"
+            if name in self.present
+            else f"NULL::{kind} AS {quote(name)}"
             for name, (kind, _) in ddl.field_columns(self.ent).items()
         )
         extras = (
             f"s.{quote(EXTRAS)}" if EXTRAS in self.present else f"NULL::VARCHAR AS {quote(EXTRAS)}"
         )
         content = column_list([*self.fields, EXTRAS])
-        cursor = quote(self.ent.cursor) if self.ent.cursor else "NULL"
+        cursor = quote(self.cursor) if self.cursor else "NULL"
         rank = ', b."batch_order" AS "_order", s."file_row_number" AS "_row"' if ranked else ""
         return f"""
             SELECT *, {CONTENT_HASH.format(content=content)} AS "_content_hash",
@@ -213,8 +219,8 @@ class Merge:
         )
         if duplicated:
             self._keep_newest()
-        cursor = [self.ent.cursor] if self.ent.cursor else []
-        current = f"c.{quote(self.ent.cursor)}" if self.ent.cursor else "NULL"
+        cursor = [self.cursor] if self.cursor else []
+        current = f"c.{quote(self.cursor)}" if self.cursor else "NULL"
         narrow = column_list(
             [self.ent.key, *cursor, "_extracted_at", "_deleted_at", "_content_hash"]
         )
@@ -358,6 +364,31 @@ class Merge:
         ).fetchone()
         self.con.execute('DROP TABLE "_rejects"')
         return count
+
+    def _resolve_notes(self) -> None:
+        """Notes on keys these batches loaded again, from a later extraction, become history
+        (ops.resolve_notes); reads the key column alone, and only while notes are open."""
+        if not ops.open_notes(self.con, self.ent.name):
+            return
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_sent" AS
+                SELECT CAST(s.{self.key} AS VARCHAR) AS "key", b."extracted_at",
+                       b."batch_run_id" AS "run_id"
+                FROM read_parquet(?, filename = true, hive_partitioning = false) AS s
+                JOIN "_batches" AS b ON s."filename" = b."file" WHERE b."new" """,
+            [self.files],
+        )
+        ops.resolve_notes(self.con, self.ent.name)
+        self.con.execute('DROP TABLE "_sent"')
+
+
+def _ordering_cursor(entity: EntitySet) -> str | None:
+    """The cursor that orders a key's versions; a text cursor (Prescriptions.created_at, no
+    format stated) has no order to trust, so extraction time decides there."""
+    cursor = entity.cursor
+    if cursor is None or entity.field(cursor).canonical is Canonical.VARCHAR:
+        return None
+    return cursor
 
 
 def _ranks(orders: Sequence[tuple[str, str, int]]) -> list[int]:

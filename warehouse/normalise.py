@@ -1,5 +1,10 @@
 """JSON records -> a canonical Arrow table, column by column with pyarrow compute.
 
+Only a record without a usable key is rejected. A value that does not fit its column (a
+string where the spec says number, digits beyond the decimal's, a date-time without an
+offset) costs that column's value alone: null there, the value kept as sent in `_extras`
+under its field's name, and a note of kind "unfit" that the checks and `status` count.
+
 The volume is in the rows, so nothing loops per value on the happy path: the records become
 one Arrow struct array in C++, each column is checked with regular expressions and cast, and
 failing rows are found with masks. Python touches single values only for the rare column
@@ -17,30 +22,33 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from connectors.clinical_records.catalogue import (
-    Canonical,
-    EntitySet,
-    Field,
-)
+from connectors.clinical_records.catalogue import Edm, EntitySet, Field
 from warehouse.converters import (
     ACCEPTED_KINDS,
     CONVERTERS,
     KIND_BY_TYPE,
+    SPEC_SENDS,
     TEXT_BY_KIND,
+    Rows,
     bool_mask,
 )
 from warehouse.schema import EXTRAS, arrow_schema, json_struct_type
 
 log = logging.getLogger(__name__)
 
-REJECT = "reject"
-WARNING = "warning"
+REJECT = "reject"  # no usable key: the record is not loaded
+UNFIT = "unfit"  # loaded; the fields named are null (or cut), their values kept in `_extras`
+WARNING = "warning"  # loaded as sent, with a note
+
+Problem = tuple[str, np.ndarray, str]  # (field, mask of rows, why)
 
 
 @dataclass(frozen=True)
 class Reject:
-    """A row that could not be normalised (kind "reject") or was kept with a note ("warning")."""
+    """A note on one record: rejected (kind "reject"), loaded with values kept raw
+    ("unfit"), or loaded with a note ("warning")."""
 
     entity: str
     key: str | None
@@ -64,12 +72,14 @@ class NormalisedBatch:
     def warnings(self) -> list[Reject]:
         return [r for r in self.rejects if r.kind == WARNING]
 
+    @property
+    def unfit(self) -> list[Reject]:
+        return [r for r in self.rejects if r.kind == UNFIT]
 
-def _loose_column(
-    records: Sequence[dict], fld: Field
-) -> tuple[pa.Array, list[tuple[np.ndarray, str]]]:
-    """A column whose JSON kinds are mixed: accepted kinds as text, the others rejected."""
-    accepted = ACCEPTED_KINDS[fld.canonical]
+
+def _loose_column(records: Sequence[dict], fld: Field) -> tuple[pa.Array, Rows]:
+    """A column whose JSON kinds are mixed: accepted kinds as text, the others do not fit."""
+    accepted = ACCEPTED_KINDS[fld.type]
     out: list[object] = []
     wrong: dict[str, np.ndarray] = {}
     for i, record in enumerate(records):
@@ -80,23 +90,23 @@ def _loose_column(
             continue
         wrong.setdefault(kind, np.zeros(len(records), dtype=bool))[i] = True
         out.append(None)
-    arrow_type = pa.bool_() if fld.canonical is Canonical.BOOLEAN else pa.string()
-    expected = " or ".join(sorted(accepted))
-    errors = [(mask, f"got a JSON {kind}, expected {expected}") for kind, mask in wrong.items()]
-    return pa.array(out, arrow_type), errors
+    arrow_type = pa.bool_() if fld.type is Edm.BOOLEAN else pa.string()
+    sends = SPEC_SENDS[fld.type]
+    unfit = [(mask, f"a JSON {kind} where the spec sends {sends}") for kind, mask in wrong.items()]
+    return pa.array(out, arrow_type), unfit
 
 
 def _raw_columns(
     entity: EntitySet, records: Sequence[dict]
-) -> tuple[dict[str, pa.Array], list[tuple[str, np.ndarray, str]]]:
+) -> tuple[dict[str, pa.Array], list[Problem]]:
     """Each known field as an Arrow array of its JSON type, or as text where kinds are mixed."""
     struct_type = json_struct_type(entity)
-    errors: list[tuple[str, np.ndarray, str]] = []
+    unfit: list[Problem] = []
     loose = _floats_in_integers(struct_type, records)
     if not loose:
         try:
             struct = pa.array(records, type=struct_type)
-            return {f.name: struct.field(f.name) for f in entity.fields}, errors
+            return {f.name: struct.field(f.name) for f in entity.fields}, unfit
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             pass
     columns: dict[str, pa.Array] = {}
@@ -109,22 +119,28 @@ def _raw_columns(
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 pass
         columns[fld.name], wrong = _loose_column(records, fld)
-        errors.extend((fld.name, mask, reason) for mask, reason in wrong)
-    return columns, errors
+        unfit.extend((fld.name, mask, reason) for mask, reason in wrong)
+    return columns, unfit
 
 
 def _floats_in_integers(struct_type: pa.StructType, records: Sequence[dict]) -> set[str]:
     """Integer fields holding a JSON number with a fraction or exponent: pyarrow would
-    truncate 1.5 to 1 without a word, so these columns take the loose path and reject it."""
+    truncate 1.5 to 1 without a word, so these columns take the loose path, where it does
+    not fit."""
     integers = [f.name for f in struct_type if f.type == pa.int64()]
     return {name for name in integers if any(type(r.get(name)) is float for r in records)}
 
 
-def _extras(records: Sequence[dict], unknown: list[str]) -> pa.Array:
-    rows = []
-    for record in records:
-        extra = {k: record[k] for k in unknown if k in record}
-        rows.append(json.dumps(extra, ensure_ascii=False, default=str) if extra else None)
+def _extras(records: Sequence[dict], unknown: list[str], unfit: dict[int, set[str]]) -> pa.Array:
+    """Per record, what the columns do not hold as sent: its unknown members and the values
+    that did not fit, each under its own name, in the record's order."""
+    rows: list[str | None] = [None] * len(records)
+    names = set(unknown)
+    for i in range(len(records)) if names else sorted(unfit):
+        kept = names | unfit.get(i, set())
+        extra = {k: v for k, v in records[i].items() if k in kept}
+        if extra:
+            rows[i] = json.dumps(extra, ensure_ascii=False, default=str)
     return pa.array(rows, pa.string())
 
 
@@ -133,6 +149,7 @@ def _raw_json(record: object) -> str:
 
 
 def _key_of(entity: EntitySet, record: object) -> str | None:
+    """The key as sent, as text (a number as its decimal text)."""
     if isinstance(record, dict) and record.get(entity.key) is not None:
         return str(record[entity.key])
     return None
@@ -222,26 +239,40 @@ def _normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
     unknown = sorted(set().union(*objects) - set(entity.by_name))
     counts = {name: sum(name in r for r in objects) for name in unknown}
 
-    raw, problems = _raw_columns(entity, objects)
-    errors = [(name, mask, reason) for name, mask, reason in problems]
-    warnings: list[tuple[str, np.ndarray, str]] = []
-    columns: list[pa.Array] = []
+    raw, unfit = _raw_columns(entity, objects)
+    warnings: list[Problem] = []
+    columns: dict[str, pa.Array] = {}
     for fld in entity.fields:
-        column = raw[fld.name]
-        if fld.required:
-            errors.append((fld.name, ~bool_mask(column.is_valid()), "missing (required)"))
-        converted = CONVERTERS[fld.canonical](column, fld)
-        expected = f"expected {fld.canonical.value}"
-        errors.extend((fld.name, m, f"{why}; {expected}") for m, why in converted.errors)
+        converted = CONVERTERS[fld.canonical](raw[fld.name], fld)
+        unfit.extend((fld.name, m, why) for m, why in converted.unfit)
         warnings.extend((fld.name, m, why) for m, why in converted.warnings)
-        columns.append(converted.values)
-    columns.append(_extras(objects, unknown) if unknown else pa.nulls(len(objects), pa.string()))
-    table = pa.Table.from_arrays(columns, schema=schema)
+        columns[fld.name] = converted.values
 
+    # Only a record without a usable key is rejected; any other value that does not fit
+    # costs its column's value alone, kept as sent in `_extras`.
+    key_errors = [p for p in unfit if p[0] == entity.key]
+    unfit = [p for p in unfit if p[0] != entity.key]
+    key = columns[entity.key]
+    if pa.types.is_string(key.type):
+        key_errors.append((entity.key, bool_mask(pc.equal(key, "")), "empty: names no record"))
+    for fld in entity.fields:
+        if fld.required:
+            sent = np.array([r.get(fld.name) is not None for r in objects], dtype=bool)
+            (key_errors if fld.name == entity.key else warnings).append(
+                (fld.name, ~sent, "missing (required)")
+            )
     rejected = np.zeros(len(objects), dtype=bool)
-    for _, mask, _ in errors:
+    for _, mask, _ in key_errors:
         rejected |= mask
-    rejects += _notes(entity, objects, errors, REJECT, np.ones(len(objects), dtype=bool))
+    kept_raw: dict[int, set[str]] = {}
+    for name, mask, _ in unfit:
+        for i in np.flatnonzero(mask & ~rejected):
+            kept_raw.setdefault(int(i), set()).add(name)
+    extras = _extras(objects, unknown, kept_raw)
+    table = pa.Table.from_arrays([*columns.values(), extras], schema=schema)
+
+    rejects += _notes(entity, objects, key_errors + unfit, REJECT, rejected)
+    rejects += _notes(entity, objects, unfit, UNFIT, ~rejected, f"; kept as sent in {EXTRAS}")
     rejects += _notes(entity, objects, warnings, WARNING, ~rejected)
     for name in unknown:
         example = next(r for r in objects if name in r)
@@ -251,8 +282,15 @@ def _normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
         )
     if unknown:
         log.warning("%s: %d unknown fields kept in %s", entity.name, len(unknown), EXTRAS)
+    if kept_raw:
+        log.warning("%s: %d records hold values kept in %s", entity.name, len(kept_raw), EXTRAS)
     if rejected.any():
-        log.warning("%s: %d of %d records rejected", entity.name, rejected.sum(), len(objects))
+        log.warning(
+            "%s: %d of %d records rejected (no usable key)",
+            entity.name,
+            rejected.sum(),
+            len(objects),
+        )
         table = table.filter(pa.array(~rejected))
     return NormalisedBatch(table, rejects, set(unknown))
 
@@ -260,11 +298,12 @@ def _normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
 def _notes(
     entity: EntitySet,
     records: Sequence[dict],
-    problems: list[tuple[str, np.ndarray, str]],
+    problems: list[Problem],
     kind: str,
     rows: np.ndarray,
+    suffix: str = "",
 ) -> list[Reject]:
-    """One Reject per affected row, its reasons joined: `field: why; ...`."""
+    """One Reject per affected row, its reasons joined: `field: why; ...`, then `suffix`."""
     by_row: dict[int, list[tuple[str, str]]] = {}
     for name, mask, why in problems:
         for i in np.flatnonzero(mask & rows):
@@ -275,7 +314,7 @@ def _notes(
             _key_of(entity, records[i]),
             kind,
             tuple(dict.fromkeys(name for name, _ in reasons)),
-            "; ".join(f"{name}: {why}" for name, why in reasons),
+            "; ".join(f"{name}: {why}" for name, why in reasons) + suffix,
             _raw_json(records[i]),
         )
         for i, reasons in sorted(by_row.items())

@@ -19,12 +19,13 @@ from warehouse.connection import Transaction
 from warehouse.ddl import CLINICAL, OPS
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
-from warehouse.normalise import REJECT
+from warehouse.normalise import REJECT, UNFIT
 
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
 # What the extractions' reconciliation found and spent, summed per run as well.
-RECONCILE_FIGURES = ("reconciled", "reconcile_requests", "unreconciled")
+UNRECONCILED = "unreconciled"  # records by which a set may differ from the source
+RECONCILE_FIGURES = ("reconciled", "reconcile_requests", UNRECONCILED)
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,37 @@ class LoadResult:
 
 
 @dataclass(frozen=True)
+class SetResult:
+    """How one entity set ended in one run, as its load's checks found it."""
+
+    entity: str
+    mode: str
+    live_rows: int
+    unreconciled: int  # records by which the set may differ from the source
+    failed_checks: tuple[str, ...] = ()  # severity ERROR
+    warned_checks: tuple[str, ...] = ()  # severity WARN
+    staleness_hours: float | None = None  # sets without updated_at only
+    run_id: str = ""
+    recorded_at: datetime | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Equal to the source by its own checks: no check of severity ERROR failed."""
+        return not self.failed_checks
+
+
+@dataclass(frozen=True)
 class EntityStatus:
     entity: str
     table: str
     rows: int
     deleted: int
     rejects: int
+    unfit: int  # records loaded with a value that did not fit its column (kept in _extras)
     watermark: str | None
     last_run_id: str | None
     last_loaded_at: datetime | None
+    last_result: SetResult | None = None  # None before the set's first recorded result
 
 
 # -- schema version ------------------------------------------------------------------------
@@ -67,9 +90,24 @@ def applied_schema(con: duckdb.DuckDBPyConnection) -> str | None:
     return row[0] if row else None
 
 
+def holds(con: duckdb.DuckDBPyConnection, *tables: str) -> bool:
+    """Whether every one of these ops tables exists (a file no sync set up has none)."""
+    (found,) = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name IN "
+        "(SELECT unnest(?))",
+        [OPS, list(tables)],
+    ).fetchone()
+    return found == len(tables)
+
+
 def record_schema(con: duckdb.DuckDBPyConnection, fingerprint: str) -> None:
     con.execute('DELETE FROM "ops"."schema_version"')
     con.execute('INSERT INTO "ops"."schema_version" VALUES (?, now())', [fingerprint])
+
+
+def schema_applied_at(con: duckdb.DuckDBPyConnection) -> datetime | None:
+    (applied,) = con.execute('SELECT max("applied_at") FROM "ops"."schema_version"').fetchone()
+    return applied
 
 
 def seed_snapshots(con: duckdb.DuckDBPyConnection) -> None:
@@ -172,15 +210,76 @@ def add_to_run(
 def fail_run(
     con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None = None
 ) -> None:
-    """Mark a run failed, keeping what its finished loads recorded; a run that failed
-    before its first load gets a row of its own. One transaction of its own."""
+    """Mark a run failed (and so not exact), keeping what its finished loads recorded; a run
+    that failed before its first load gets a row of its own. One transaction of its own."""
     with Transaction(con):
         _ensure_run(con, run_id, [], started_at=started_at)
         con.execute(
-            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ? '
-            'WHERE "run_id" = ?',
+            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ?, '
+            '"exact" = false WHERE "run_id" = ?',
             [FAILED, message, run_id],
         )
+
+
+SET_RESULT_COLUMNS = (
+    "run_id",
+    "entity",
+    "mode",
+    "exact",
+    UNRECONCILED,
+    "failed_checks",
+    "warned_checks",
+    "staleness_hours",
+    "live_rows",
+)
+
+
+def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetResult) -> None:
+    """How a set ended in `run_id`, replacing what an earlier attempt of the same step
+    recorded; the run is exact while each of its sets is. The caller owns the transaction
+    (the load step's figures and this commit together)."""
+    con.execute(
+        'DELETE FROM "ops"."set_results" WHERE "run_id" = ? AND "entity" = ?',
+        [run_id, result.entity],
+    )
+    values = {
+        **{name: getattr(result, name) for name in SET_RESULT_COLUMNS if name != "run_id"},
+        "run_id": run_id,
+        "failed_checks": list(result.failed_checks),
+        "warned_checks": list(result.warned_checks),
+    }
+    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    marks = ", ".join("?" for _ in SET_RESULT_COLUMNS)
+    con.execute(
+        f'INSERT INTO "ops"."set_results" ({names}, "recorded_at") VALUES ({marks}, now())',
+        [values[name] for name in SET_RESULT_COLUMNS],
+    )
+    con.execute(
+        'UPDATE "ops"."sync_runs" SET "exact" = NOT EXISTS (SELECT 1 FROM "ops"."set_results" '
+        'WHERE "run_id" = ? AND NOT "exact") WHERE "run_id" = ? AND "status" <> ?',
+        [run_id, run_id, FAILED],
+    )
+
+
+def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
+    """Per entity set, how its last recorded run ended; empty for a warehouse made before
+    results were recorded."""
+    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    try:
+        rows = con.execute(
+            f'SELECT {names}, "recorded_at" FROM "ops"."set_results" '
+            'QUALIFY row_number() OVER (PARTITION BY "entity" ORDER BY "recorded_at" DESC) = 1'
+        ).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    found = {}
+    for row in rows:
+        values = dict(zip((*SET_RESULT_COLUMNS, "recorded_at"), row, strict=True))
+        values.pop("exact")  # derived from the failed checks
+        values["failed_checks"] = tuple(values["failed_checks"] or ())
+        values["warned_checks"] = tuple(values["warned_checks"] or ())
+        found[values["entity"]] = SetResult(**values)
+    return found
 
 
 def _ensure_run(
@@ -226,6 +325,15 @@ def sync_state(
     return (row[0], row[1], row[2]) if row else None
 
 
+def last_loads(con: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
+    """Per set, when its last load committed."""
+    rows = con.execute(
+        'SELECT "entity", "last_loaded_at" FROM "ops"."sync_state" '
+        'WHERE "last_loaded_at" IS NOT NULL'
+    ).fetchall()
+    return dict(rows)
+
+
 def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None, datetime | None]]:
     """Per set: since when every record was read (a snapshot or a completed rotation of key
     ranges), and when a key range was last read."""
@@ -237,10 +345,11 @@ def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None,
 
 
 def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
-    """Keys the source sent that were set aside as `kind` (in its count, not in the table)."""
+    """Keys the source sent that were set aside as `kind` (in its count, not in the table)
+    and that no later read has loaded."""
     rows = con.execute(
         'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
-        'AND "key" IS NOT NULL',
+        'AND "key" IS NOT NULL AND "resolved_at" IS NULL',
         [entity, kind],
     ).fetchall()
     return [k for (k,) in rows]
@@ -299,22 +408,29 @@ def _advance_range(con: duckdb.DuckDBPyConnection, entity: str, info: BatchInfo)
 
 
 def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[EntityStatus]:
-    """Per entity set: rows, soft-deleted rows, rejects, watermark and last load."""
+    """Per entity set: rows, soft-deleted rows, rejects, values kept raw, watermark, last load
+    and how the set's last run ended."""
+    results = last_set_results(con)
     out = []
     for ent in entities:
         rows, deleted = con.execute(
             f'SELECT count(*), count("_deleted_at") FROM {qualified(CLINICAL, ent.table)}'
         ).fetchone()
-        (rejects,) = con.execute(
-            'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ?',
-            [ent.name, REJECT],
+        rejects, unfit = con.execute(  # the notes still the latest word on their record
+            'SELECT count(*) FILTER ("kind" = ?), count(*) FILTER ("kind" = ?) '
+            'FROM "ops"."rejects" WHERE "entity" = ? AND "resolved_at" IS NULL',
+            [REJECT, UNFIT, ent.name],
         ).fetchone()
         state = con.execute(
             'SELECT "watermark", "last_run_id", "last_loaded_at" FROM "ops"."sync_state" '
             'WHERE "entity" = ?',
             [ent.name],
         ).fetchone() or (None, None, None)
-        out.append(EntityStatus(ent.name, ent.table, rows, deleted, rejects, *state))
+        out.append(
+            EntityStatus(
+                ent.name, ent.table, rows, deleted, rejects, unfit, *state, results.get(ent.name)
+            )
+        )
     return out
 
 
@@ -325,6 +441,32 @@ def run_rejects(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> int
         [entity, REJECT, run_id],
     ).fetchone()
     return int(count)
+
+
+def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[str, int]:
+    """Per field, the records of `entity` that run `run_id` loaded with that field's value
+    kept raw in `_extras` (it did not fit its column)."""
+    rows = con.execute(
+        'SELECT "field", count(*) FROM (SELECT unnest("fields") AS "field" FROM "ops"."rejects" '
+        'WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?) GROUP BY ALL ORDER BY ALL',
+        [entity, UNFIT, run_id],
+    ).fetchall()
+    return dict(rows)
+
+
+# -- analytics models ----------------------------------------------------------------------
+
+
+def record_models(con: duckdb.DuckDBPyConnection, built: Sequence[tuple[str, str, int]]) -> None:
+    """The models just built, (name, fingerprint of its SQL, rows), replacing the last builds."""
+    con.execute('DELETE FROM "ops"."models"')
+    con.executemany('INSERT INTO "ops"."models" VALUES (?, ?, now(), ?)', list(built))
+
+
+def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetime]]:
+    """Per model: the fingerprint of the SQL its table was built from, and when."""
+    rows = con.execute('SELECT "name", "fingerprint", "built_at" FROM "ops"."models"').fetchall()
+    return {name: (fingerprint, at) for name, fingerprint, at in rows}
 
 
 # -- what a merge reads and records --------------------------------------------------------
@@ -373,9 +515,37 @@ def first_snapshot_missing(key: str) -> str:
 def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
     """The staged `_rejects` of batches loaded for the first time into ops.rejects."""
     con.execute(
-        """INSERT INTO "ops"."rejects" SELECT "entity", "key", "kind", "fields", "reason",
-            "raw_json", "batch_run_id", "batch_id", "extracted_at" FROM "_rejects"
-            WHERE "new" """
+        """INSERT INTO "ops"."rejects" ("entity", "key", "kind", "fields", "reason", "raw_json",
+                                        "run_id", "batch_id", "extracted_at")
+           SELECT "entity", "key", "kind", "fields", "reason", "raw_json", "batch_run_id",
+                  "batch_id", "extracted_at" FROM "_rejects" WHERE "new" """
+    )
+
+
+def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
+    """Notes on keys of `entity` that no later read has resolved."""
+    (count,) = con.execute(
+        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
+        'AND "resolved_at" IS NULL',
+        [entity],
+    ).fetchone()
+    return int(count)
+
+
+def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+    """A note (reject, unfit, warning) is about its record as one batch sent it; when a
+    later batch loads the same key, the note is history: marked resolved by the first such
+    batch (the staged `_sent`: key as text, extracted_at, run_id). The note stays."""
+    con.execute(
+        """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
+            FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
+                         arg_min(k."run_id", k."extracted_at") AS "run"
+                  FROM "ops"."rejects" AS n
+                  JOIN "_sent" AS k ON k."key" = n."key" AND k."extracted_at" > n."extracted_at"
+                  WHERE n."entity" = ? AND n."resolved_at" IS NULL
+                  GROUP BY n.rowid) AS s
+            WHERE r.rowid = s."note" """,
+        [entity],
     )
 
 

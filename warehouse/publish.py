@@ -8,6 +8,10 @@ When a run has committed, `publish` checkpoints the working copy (the file then 
 commit), copies its bytes beside `WAREHOUSE_PATH` under a private temporary name while it
 still holds the write lock, syncs them and renames the copy over `WAREHOUSE_PATH`.
 
+The analytics tables are built by a run's models step after its loads; a run that loaded
+sets without that step (a backfill, a selection in the UI) has them built here first, so
+the copy never holds models older than the clinical tables beside them.
+
 A connection already open on `WAREHOUSE_PATH` keeps reading the file it opened (the rename
 leaves its inode alone); a connection opened afterwards reads the new night. Analysts'
 read-only connections take no lock the sync needs, and a run that fails publishes nothing.
@@ -88,6 +92,12 @@ def publish(
     work, target = Path(working), Path(published)
     private_dir(target.parent)
     with Warehouse(work, wait=wait) as wh:  # held to the end: nobody writes meanwhile
+        if stale := wh.stale_models():  # a run that loaded sets without building models
+            log.info(
+                "analytics models older than the tables they read, built first: %s",
+                ", ".join(stale),
+            )
+            wh.refresh_models()
         wh.con.execute("CHECKPOINT")
         for stale in target.parent.glob(f".{target.name}.*{PUBLISHING}"):
             stale.unlink(missing_ok=True)  # left by a publisher killed halfway

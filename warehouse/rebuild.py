@@ -14,8 +14,9 @@ from itertools import groupby
 from pathlib import Path
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse.lake import BatchInfo, Lake
+from warehouse.lake import FORMAT_VERSION, BatchInfo, Lake
 from warehouse.load import LoadResult, Warehouse
+from warehouse.migrations import RETYPED_WHY, read_whole_next
 
 REBUILT = "rebuilt"
 
@@ -41,6 +42,7 @@ def rebuild(
     _remove(building)
     results: dict[str, LoadResult] = {}
     runs: dict[str, set[str]] = {}
+    older: list[str] = []
     with Warehouse(building, entities=entities) as wh:
         wh.ensure_schema()
         source = lake.source()
@@ -60,6 +62,11 @@ def rebuild(
                 )
                 runs.setdefault(run_id, set()).add(ent.name)
             results[ent.name] = total
+            if _under_an_older_rule([Lake.info(p) for p in lake.files(ent)]):
+                older.append(ent.name)
+        read_whole_next(
+            wh.con, older, f"rebuilt from lake batches of an older format; {RETYPED_WHY}"
+        )
         for run_id, names in runs.items():
             wh.record_run(run_id, sorted(names))
             wh.finish_run(run_id, REBUILT)
@@ -67,6 +74,15 @@ def rebuild(
     _remove(target)
     os.replace(building, target)
     return results
+
+
+def _under_an_older_rule(infos: Sequence[BatchInfo]) -> bool:
+    """Whether a set's batches include one written under an older typing rule that no full
+    read since has replaced (what that rule merged or rejected is missing)."""
+    old = [i.order for i in infos if i.format < FORMAT_VERSION]
+    return bool(old) and not any(
+        i.snapshot_complete and i.format >= FORMAT_VERSION and i.order > max(old) for i in infos
+    )
 
 
 def _last_watermark(infos: Sequence[BatchInfo]) -> str | None:

@@ -37,13 +37,19 @@ JSON_ARROW_BY_EDM: dict[Edm, pa.DataType] = {
     Edm.DATETIME: pa.string(),
 }
 
-# Unknown members of a record, as one JSON object per row (null when there are none).
+# What the columns do not hold as sent, as one JSON object per row (null when nothing):
+# members the catalogue does not know, and values that did not fit their column, each
+# under its own name (warehouse/normalise.py).
 EXTRAS = "_extras"
 EXTRAS_TYPE = pa.string()
 
 # Columns the warehouse adds to every clinical table, with their DuckDB types and meanings.
 CLINICAL_META: dict[str, tuple[str, str]] = {
-    EXTRAS: ("JSON", "Members the catalogue does not know, kept as sent (JSON object)"),
+    EXTRAS: (
+        "JSON",
+        "What the columns do not hold as sent (JSON object): members the catalogue does not "
+        "know, and values that did not fit their column (null there), under their own names",
+    ),
     "_content_hash": (
         "VARCHAR",
         "64-bit hash of the record's content (16 hex digits); a new version only when it changes",

@@ -40,15 +40,18 @@ class Canonical(StrEnum):
 
     VARCHAR = "VARCHAR"
     BIGINT = "BIGINT"
-    DECIMAL = "DECIMAL(18,4)"
+    DECIMAL = "DECIMAL(38,12)"
     BOOLEAN = "BOOLEAN"
     DATE = "DATE"
     TIMESTAMPTZ = "TIMESTAMPTZ"
     TIME = "TIME"
 
 
-DECIMAL_PRECISION = 18
-DECIMAL_SCALE = 4
+# DuckDB's widest exact decimal: 26 digits before the point, 12 after. Money needs 2 to 4
+# after it; 12 keep rates and the spec's unbounded "decimal text" exact, and 26 before it
+# hold any amount. A value with more digits is kept raw, never rounded (warehouse/converters.py).
+DECIMAL_PRECISION = 38
+DECIMAL_SCALE = 12
 
 CANONICAL_BY_EDM: dict[Edm, Canonical] = {
     Edm.STRING: Canonical.VARCHAR,
@@ -89,7 +92,7 @@ class Field:
     def canonical(self) -> Canonical:
         """Warehouse type: the logical-key rule first, then any stated format, then the EDM type."""
         if self.key is not None:
-            return Canonical.BIGINT if self.key in NUMERIC_KEYS else Canonical.VARCHAR
+            return Canonical.BIGINT if self.key in BIGINT_KEYS else Canonical.VARCHAR
         if self.parse_as is not None:
             return self.parse_as
         return CANONICAL_BY_EDM[self.type]
@@ -482,7 +485,7 @@ PRESCRIPTIONS = EntitySet(
         f("comments", STRING, "Additional comments"),
         f("source_id", NUMBER, "Source system record ID"),
         f("source_name", STRING, "Source system name"),
-        f("created_at", STRING, "Date/time created", parse_as=Canonical.TIMESTAMPTZ),
+        f("created_at", STRING, "Date/time created"),  # no format stated: the text as sent
     ),
     navigations=(
         nav("Patient", "Patients", "patient_id", "id"),
@@ -599,9 +602,17 @@ ENTITY_SETS: tuple[EntitySet, ...] = (
 )
 ALL_ENTITIES: tuple[EntitySet, ...] = (*ENTITY_SETS, DOCUMENTS)
 
-# A logical key that the service sends as a number anywhere is BIGINT everywhere.
+# Key families the service sends as a number somewhere: their ids are digits (the sandbox
+# makes them so; a number sent for one is held as its decimal text).
 NUMERIC_KEYS: frozenset[str] = frozenset(
     fld.key for ent in ALL_ENTITIES for fld in ent.fields if fld.key and fld.type is Edm.INT32
+)
+# The typing rule (docs/ARCHITECTURE.md, Canonical types): a family is BIGINT only where the
+# spec types every member field, in every set, as a number; any string member makes every
+# member VARCHAR, the string as sent, so "00123" and "123" stay two ids and a user name or a
+# location code stays what it is. One type per family: joins need no casts.
+BIGINT_KEYS: frozenset[str] = NUMERIC_KEYS - frozenset(
+    fld.key for ent in ALL_ENTITIES for fld in ent.fields if fld.key and fld.type is not Edm.INT32
 )
 
 BY_NAME: dict[str, EntitySet] = {e.name: e for e in ENTITY_SETS}

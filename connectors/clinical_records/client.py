@@ -16,7 +16,7 @@ from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.errors import MalformedResponse, NotFound
 from connectors.clinical_records.paging import COUNT, Page, Pager, Progress
 from connectors.clinical_records.query import Expand, Expr, Query
-from connectors.clinical_records.ratelimit import RequestLimiter, sqlite_limiter
+from connectors.clinical_records.ratelimit import RequestLimiter, shared_limiter
 from connectors.clinical_records.settings import Settings
 from connectors.clinical_records.transport import Call, Counters, Transport, path_key
 
@@ -60,9 +60,7 @@ class ClinicalClient:
         self.settings = settings
         self.stats = Counters()
         self.progress = progress
-        self.limiter = limiter or sqlite_limiter(
-            settings.limiter_path, settings.api_key, settings.rate_limit, settings.burst
-        )
+        self.limiter = limiter or shared_limiter(settings)
         self.transport = Transport(settings, self.limiter, self.stats, logger)
         self.executor = ThreadPoolExecutor(
             max_workers=settings.max_in_flight, thread_name_prefix="clinical-request"

@@ -17,6 +17,7 @@ from connectors.clinical_records.catalogue import (
     DOCUMENTS,
     MAX_UPLOAD_BYTES,
     PAGE_SIZE,
+    PATIENTS,
 )
 from connectors.clinical_records.client import (
     ClinicalClient,
@@ -24,6 +25,7 @@ from connectors.clinical_records.client import (
     entity_validator,
 )
 from connectors.clinical_records.errors import QueryError
+from connectors.clinical_records.keys import to_api
 from connectors.clinical_records.query import Expr, OrderItem, Query
 from connectors.clinical_records.transport import Call, path_key
 
@@ -53,8 +55,13 @@ class DocumentsClient:
 
     @staticmethod
     def _path(patient_id: str, document_id: str | None = None) -> str:
-        path = f"Patients({path_key(patient_id)})/Documents"
-        return path if document_id is None else f"{path}({path_key(document_id)})"
+        """A patient's documents, the keys in the kinds the spec gives them (keys.to_api):
+        a patient held as "00123" is `Patients(00123)`."""
+        patient = to_api(PATIENTS.key_field, patient_id)
+        path = f"Patients({path_key(patient)})/Documents"
+        if document_id is None:
+            return path
+        return f"{path}({path_key(to_api(DOCUMENTS.key_field, document_id))})"
 
     def upload(
         self,

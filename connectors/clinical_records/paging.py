@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
+from connectors.clinical_records.catalogue import PAGE_SIZE, EntitySet
 from connectors.clinical_records.errors import PagingError
+from connectors.clinical_records.keys import entity_key
 from connectors.clinical_records.query import Comparison, Query, all_of
 
 log = logging.getLogger("connectors.clinical_records.paging")
@@ -51,7 +51,6 @@ FetchLink = Callable[[str, int], Envelope]  # (nextLink, page number) -> validat
 Progress = Callable[[str, int, int], None]
 
 NEXT_LINK = "@odata.nextLink"
-_DIGITS = re.compile(r"-?[0-9]{1,18}")  # an Int32 key sent as text, well within int64
 COUNT = "@odata.count"
 MAX_LINKS = 1_000_000
 
@@ -63,33 +62,6 @@ class Page:
     records: list[dict]
     number: int
     total: int | None
-
-
-def record_key(key: Any, numeric: bool) -> str | int | None:
-    """A record's key in its field's kind, as normalise will store it and as a keyset bound
-    must be written: a number where a string key belongs is its digits, digits where a
-    number key belongs are the number. Anything else (an object, an array, a boolean, a
-    fraction, other text) is no key to page by or to compare."""
-    if type(key) is int:
-        return key if numeric else str(key)
-    if type(key) is str and not numeric:
-        return key
-    if type(key) is str and _DIGITS.fullmatch(key):
-        return int(key)
-    return None
-
-
-def canonical(value: Any) -> str | None:
-    """A key or a reference, comparable across sets: digits as the number they spell."""
-    if value is None or isinstance(value, bool):
-        return None
-    text = str(value).strip()
-    return str(int(text)) if text.lstrip("-").isdigit() else text
-
-
-def entity_key(entity: EntitySet, key: Any) -> str | int | None:
-    """`record_key` in the kind of `entity`'s key field."""
-    return record_key(key, entity.key_field.type is Edm.INT32)
 
 
 def paging_query(entity: EntitySet, query: Query | None) -> Query:
@@ -132,7 +104,6 @@ class Pager:
         self.in_flight = max(1, in_flight)
         self.progress = progress
         self.key = entity.key
-        self.numeric_key = entity.key_field.type is Edm.INT32
         self.seen: set[Any] = set()
         self.last: Any = None  # the greatest key read so far (keys are read in order)
         self.total: int | None = None
@@ -250,7 +221,7 @@ class Pager:
                 self.progress(self.entity.name, self.number, max(self.pages_total, self.number))
 
     def _key(self, record: dict) -> str | int | None:
-        return record_key(record.get(self.key), self.numeric_key)
+        return entity_key(self.entity, record.get(self.key))
 
     def _check_total(self) -> None:
         if self.total is not None and self.repairs == 0 and len(self.seen) != self.total:

@@ -1,20 +1,24 @@
-"""One request budget per API key for the whole machine, shared by every process and thread.
+"""One request budget per API key, shared by every process and thread that uses the key: on one
+machine through a SQLite file, across machines through PostgreSQL.
 
 pyrate-limiter's `TokenBucket` (GCRA) policy keeps one number per key: the theoretical
-arrival time. Its `StateBucket` takes any `StateStore`; pyrate-limiter ships in-memory,
-multiprocessing and Redis stores but no SQLite one, and its `SQLiteBucket` is a sliding-window
-log that cannot honour a burst allowance. So `SQLiteStateStore` below persists the GCRA state
-in a SQLite file and runs each transition inside `BEGIN IMMEDIATE` (SQLite's own file lock):
-every process on the machine sees one bucket. Several machines sharing a key swap in
-pyrate-limiter's `RedisStateStore`, nothing else changes.
+arrival time. Its `StateStore` interface takes any store; pyrate-limiter ships in-memory,
+multiprocessing and Redis stores, and its SQLite and Postgres buckets are sliding-window logs
+that cannot honour a burst allowance (and read the clock before they hold the lock). So
+`SharedStateStore` below runs each GCRA transition as one transaction that holds the key's
+state and only then reads the clock: `SQLiteStateStore` inside `BEGIN IMMEDIATE` (SQLite's
+file lock) with the host's clock, for one machine; `PostgresStateStore` on the key's row
+(`SELECT ... FOR UPDATE`) with the database's `clock_timestamp()`, for every host of a
+deployment whose instance is in PostgreSQL (DAGSTER_POSTGRES_URL): their clocks may differ,
+the database's is one.
 
-The bucket row is named by a SHA-256 of the API key, never the key itself.
+The bucket is named by a SHA-256 of the API key, never the key itself.
 
 Safety margins: requests reach the server with a few milliseconds of jitter, so a client
 using the server's exact burst could be refused. The local bucket keeps one token of the
 burst in reserve (when the burst allows it) and runs at `SAFETY` of the configured rate.
-Adaptive: a 429 pushes the shared bucket's state past the Retry-After, so every process on
-the machine pauses, and divides this process's rate by two (down to `FLOOR` of the
+Adaptive: a 429 pushes the shared bucket's state past the Retry-After, so every process
+sharing the key pauses, and divides this process's rate by two (down to `FLOOR` of the
 configured rate); each later success adds back `RECOVERY` of it.
 """
 
@@ -25,19 +29,26 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pyrate_limiter import Rate, RateItem, StateBucket, StateStore, TokenBucket, WallClock
+from pyrate_limiter import Rate, StateStore, TokenBucket
 from pyrate_limiter.abstracts.algorithm import Decision, StateAlgorithm
 
 from connectors.clinical_records.errors import ConfigError
+
+if TYPE_CHECKING:
+    from connectors.clinical_records.settings import Settings
 
 SAFETY = 0.99
 FLOOR = 0.1
 RECOVERY = 0.02
 BUSY_TIMEOUT_MS = 10_000
+POSTGRES_TABLE = "clinical_token_buckets"
+POSTGRES_CONNECT_TIMEOUT = 10
 
 
 class RequestLimiter(Protocol):
@@ -72,16 +83,101 @@ def _private_file(path: Path) -> None:
         os.close(fd)
 
 
-class SQLiteStateStore(StateStore):
-    """GCRA state for one key in a SQLite file; each check is one `BEGIN IMMEDIATE` transaction."""
+class Held(Protocol):
+    """One key's state while a transaction holds it, and the store's clock read after that."""
+
+    now_ms: int
+
+    def load(self) -> str: ...
+
+    def save(self, state: str) -> None: ...
+
+
+class SharedStateStore(StateStore):
+    """GCRA state of one key outside the process. Every transition is one transaction that
+    holds the state first and reads the clock then: a process that waited for the lock decides
+    with the time it got it, never an earlier one. `check`'s `now` is therefore ignored."""
 
     is_async = False
-    default_clock = WallClock()  # shared between processes: a monotonic clock is per boot only
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._lock = threading.Lock()  # one transaction at a time on this process's connection
+
+    @abstractmethod
+    def _holding(self) -> AbstractContextManager[Held]:
+        """A transaction holding this key's state; committed at the end, rolled back on error."""
+
+    @staticmethod
+    def _decode(algorithm: StateAlgorithm, rates: list[Rate], text: str) -> tuple:
+        if not text:
+            return algorithm.initial(rates)
+        stored = algorithm.decode(text.split(","))
+        return stored if len(stored) == len(rates) else algorithm.initial(rates)
+
+    @staticmethod
+    def _encode(state: tuple) -> str:
+        return ",".join(str(int(v)) for v in state)
+
+    def check(
+        self, algorithm: StateAlgorithm, rates: list[Rate], now: int, weight: int
+    ) -> Decision:
+        with self._lock, self._holding() as held:
+            state = self._decode(algorithm, rates, held.load())
+            state, decision = algorithm.step(rates, state, held.now_ms, weight)
+            if decision.allowed:
+                held.save(self._encode(state))
+            return decision
+
+    def update(
+        self,
+        algorithm: StateAlgorithm,
+        rates: list[Rate],
+        change: Callable[[tuple, int], tuple],
+    ) -> None:
+        """Rewrite the stored state from it and the store's clock (ms), atomically: how a 429
+        pushes every process sharing the key back."""
+        with self._lock, self._holding() as held:
+            state = self._decode(algorithm, rates, held.load())
+            held.save(self._encode(change(state, held.now_ms)))
+
+    def read(self, algorithm: StateAlgorithm, rates: list[Rate]) -> tuple:
+        with self._lock, self._holding() as held:
+            return self._decode(algorithm, rates, held.load())
+
+    def reset(self) -> None:
+        with self._lock, self._holding() as held:
+            held.save("")
+
+
+class _HeldRow:
+    """`Held` over a cursor and a key, for both stores' SQL."""
+
+    def __init__(self, cursor, key: str, now_ms: int, table: str, mark: str) -> None:
+        self.cursor, self.key, self.now_ms = cursor, key, now_ms
+        self._table, self._mark = table, mark
+
+    def load(self) -> str:
+        self.cursor.execute(
+            f"SELECT state FROM {self._table} WHERE key = {self._mark}", (self.key,)
+        )
+        row = self.cursor.fetchone()
+        return row[0] if row else ""
+
+    def save(self, state: str) -> None:
+        self.cursor.execute(
+            f"UPDATE {self._table} SET state = {self._mark} WHERE key = {self._mark}",
+            (state, self.key),
+        )
+
+
+class SQLiteStateStore(SharedStateStore):
+    """One machine: the state in a SQLite file, each transition in `BEGIN IMMEDIATE`, the
+    host's clock (wall time: a monotonic clock is per boot only)."""
 
     def __init__(self, path: Path, key: str) -> None:
+        super().__init__(key)
         _private_file(path)
-        self.key = key
-        self._lock = threading.Lock()
         self._conn = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
         )
@@ -89,58 +185,77 @@ class SQLiteStateStore(StateStore):
         self._conn.execute(
             "CREATE TABLE IF NOT EXISTS token_buckets (key TEXT PRIMARY KEY, state TEXT NOT NULL)"
         )
-
-    def _write(self, state: tuple) -> None:
         self._conn.execute(
-            "INSERT INTO token_buckets (key, state) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET state = excluded.state",
-            (self.key, ",".join(str(int(v)) for v in state)),
+            "INSERT INTO token_buckets (key, state) VALUES (?, '') ON CONFLICT (key) DO NOTHING",
+            (key,),
         )
 
-    def _load(self, algorithm: StateAlgorithm, rates: list[Rate]) -> tuple:
-        row = self._conn.execute(
-            "SELECT state FROM token_buckets WHERE key = ?", (self.key,)
-        ).fetchone()
-        if row is None:
-            return algorithm.initial(rates)
-        stored = algorithm.decode(row[0].split(","))
-        return stored if len(stored) == len(rates) else algorithm.initial(rates)
+    @contextmanager
+    def _holding(self) -> Iterator[Held]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            now_ms = int(time.time() * 1000)
+            yield _HeldRow(self._conn.cursor(), self.key, now_ms, "token_buckets", "?")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
 
-    def check(
-        self, algorithm: StateAlgorithm, rates: list[Rate], now: int, weight: int
-    ) -> Decision:
+    def close(self) -> None:
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                state, decision = algorithm.step(rates, self._load(algorithm, rates), now, weight)
-                if decision.allowed:
-                    self._write(state)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            return decision
+            self._conn.close()
 
-    def update(
-        self, algorithm: StateAlgorithm, rates: list[Rate], change: Callable[[tuple], tuple]
-    ) -> None:
-        """Rewrite the stored state atomically (used to push every process back after a 429)."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._write(change(self._load(algorithm, rates)))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
 
-    def read(self, algorithm: StateAlgorithm, rates: list[Rate]) -> tuple:
-        with self._lock:
-            return self._load(algorithm, rates)
+class PostgresStateStore(SharedStateStore):
+    """Every host: the state in a row of `clinical_token_buckets` in the instance's PostgreSQL,
+    each transition holding that row (`FOR UPDATE`), the database's clock read after it."""
 
-    def reset(self) -> None:
-        with self._lock:
-            self._conn.execute("DELETE FROM token_buckets WHERE key = ?", (self.key,))
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(key)
+        self.url = url
+        self._conn = self._connect()
+        with self._conn.cursor() as cursor:
+            # CREATE TABLE IF NOT EXISTS races between sessions: one creates at a time.
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (POSTGRES_TABLE,))
+            cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {POSTGRES_TABLE} "
+                "(key TEXT PRIMARY KEY, state TEXT NOT NULL)"
+            )
+            cursor.execute(
+                f"INSERT INTO {POSTGRES_TABLE} (key, state) VALUES (%s, '') "
+                "ON CONFLICT (key) DO NOTHING",
+                (key,),
+            )
+        self._conn.commit()
+
+    def _connect(self):
+        import psycopg2
+
+        try:
+            return psycopg2.connect(self.url, connect_timeout=POSTGRES_CONNECT_TIMEOUT)
+        except psycopg2.Error as error:
+            reason = (str(error).strip().splitlines() or ["no answer"])[0].split(" failed: ")[-1]
+            raise ConfigError(
+                "DAGSTER_POSTGRES_URL", f"a PostgreSQL server that answers ({reason})"
+            ) from None
+
+    @contextmanager
+    def _holding(self) -> Iterator[Held]:
+        if self._conn.closed:
+            self._conn = self._connect()  # the session ended (a server restart): a new one
+        cursor = self._conn.cursor()
+        try:
+            cursor.execute(f"SELECT 1 FROM {POSTGRES_TABLE} WHERE key = %s FOR UPDATE", (self.key,))
+            cursor.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            (now_ms,) = cursor.fetchone()
+            yield _HeldRow(cursor, self.key, int(now_ms), POSTGRES_TABLE, "%s")
+            self._conn.commit()
+        except BaseException:
+            if not self._conn.closed:
+                self._conn.rollback()
+            raise
+        finally:
+            cursor.close()
 
     def close(self) -> None:
         with self._lock:
@@ -155,18 +270,18 @@ def token_bucket_rate(rate: float, burst: int) -> Rate:
 class AdaptiveLimiter:
     """A shared token bucket plus this process's adaptive share of the rate."""
 
-    def __init__(self, store: StateStore, rate: float, burst: int) -> None:
+    def __init__(self, store: SharedStateStore, rate: float, burst: int) -> None:
         self.configured = rate * SAFETY
         self.burst = max(1, burst - 1)
         self.current = self.configured
         self.store = store
+        self.algorithm = TokenBucket()
         self._lock = threading.Lock()
         self._paused_until = 0.0
-        self._bucket = self._make_bucket()
+        self._rates = self._make_rates()
 
-    def _make_bucket(self) -> StateBucket:
-        rate = token_bucket_rate(self.current, self.burst)
-        return StateBucket([rate], algorithm=TokenBucket(), store=self.store)
+    def _make_rates(self) -> list[Rate]:
+        return [token_bucket_rate(self.current, self.burst)]
 
     def acquire(self) -> float:
         started = time.monotonic()
@@ -175,30 +290,27 @@ class AdaptiveLimiter:
             if pause > 0:
                 time.sleep(pause)
                 continue
-            bucket = self._bucket
-            item = RateItem("request", bucket.now())
-            decision = self.store.check(bucket.algorithm, bucket.rates, item.timestamp, 1)
+            decision = self.store.check(self.algorithm, self._rates, 0, 1)
             if decision.allowed:
                 return time.monotonic() - started
             wait_ms = decision.retry_after_ms or 10
             time.sleep(min(wait_ms, 1000) / 1000)
 
     def throttled(self, retry_after: float) -> None:
-        """Pause for `retry_after` (every process, where the store allows), then go slower."""
+        """Pause for `retry_after` (every process sharing the store), then go slower."""
         with self._lock:
             self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
             self._set_rate(max(self.configured * FLOOR, self.current / 2))
-            bucket = self._bucket
-        update = getattr(self.store, "update", None)
-        if update is not None:
+            rates, emission_us = self._rates, 1_000_000 / self.current
+
+        def pushed(state: tuple, now_ms: int) -> tuple:
             # GCRA admits at `now` while TAT <= now + (burst - 1) * emission: a TAT this far
             # ahead admits nothing before the pause ends, and then one request at a time.
-            emission_us = 1_000_000 / self.current
-            resume_us = (bucket.now() + retry_after * 1000) * 1000
+            resume_us = (now_ms + retry_after * 1000) * 1000
             tat = int(resume_us + (self.burst - 1) * emission_us)
-            update(
-                bucket.algorithm, bucket.rates, lambda state: tuple(max(int(v), tat) for v in state)
-            )
+            return tuple(max(int(v), tat) for v in state)
+
+        self.store.update(self.algorithm, rates, pushed)
 
     def succeeded(self) -> None:
         if self.current >= self.configured:
@@ -209,7 +321,7 @@ class AdaptiveLimiter:
     def _set_rate(self, rate: float) -> None:
         if rate != self.current:
             self.current = rate
-            self._bucket = self._make_bucket()
+            self._rates = self._make_rates()
 
     def close(self) -> None:
         self.store.close()
@@ -222,3 +334,20 @@ def sqlite_limiter(path: Path, api_key: str, rate: float, burst: int) -> Adaptiv
     except (OSError, sqlite3.Error):
         raise ConfigError("CLINICAL_LIMITER_PATH", "a writable SQLite file path") from None
     return AdaptiveLimiter(store, rate, burst)
+
+
+def postgres_limiter(url: str, api_key: str, rate: float, burst: int) -> AdaptiveLimiter:
+    """The deployment-wide limiter for `api_key`, its state in the PostgreSQL at `url`."""
+    return AdaptiveLimiter(PostgresStateStore(url, key_digest(api_key)), rate, burst)
+
+
+def shared_limiter(settings: Settings) -> AdaptiveLimiter:
+    """The limiter every process using this key shares: in the instance's PostgreSQL when the
+    deployment has one (DAGSTER_POSTGRES_URL), else the machine's SQLite file."""
+    if settings.limiter_url is not None:
+        return postgres_limiter(
+            settings.limiter_url, settings.api_key, settings.rate_limit, settings.burst
+        )
+    return sqlite_limiter(
+        settings.limiter_path, settings.api_key, settings.rate_limit, settings.burst
+    )

@@ -40,6 +40,9 @@ class Settings:
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
     limiter_path: Path = DEFAULT_LIMITER_PATH
+    # The instance's PostgreSQL (DAGSTER_POSTGRES_URL): when set, the rate limit's state lives
+    # there, shared by every host; it holds a password, so it is never shown.
+    limiter_url: str | None = field(default=None, repr=False)
     max_in_flight: int = 8
     max_attempts: int = 8
     retry_budget_seconds: float = 300.0
@@ -50,7 +53,7 @@ class Settings:
             for name in self.__dataclass_fields__
             if name not in SECRET_FIELDS
         )
-        return f"Settings({shown}, client_secret=***, api_key=***)"
+        return f"Settings({shown}, client_secret=***, api_key=***, limiter_url=***)"
 
     __str__ = __repr__
 
@@ -83,6 +86,7 @@ class Settings:
             "connect_timeout": read(_number, "CLINICAL_CONNECT_TIMEOUT", 10.0, float, 0.1),
             "read_timeout": read(_number, "CLINICAL_READ_TIMEOUT", 60.0, float, 0.1),
             "limiter_path": read(_limiter_path),
+            "limiter_url": read(_limiter_url),
             "max_in_flight": read(_number, "CLINICAL_MAX_IN_FLIGHT", 8, int, 1),
             "max_attempts": read(_number, "CLINICAL_MAX_ATTEMPTS", 8, int, 1),
             "retry_budget_seconds": read(_number, "CLINICAL_RETRY_BUDGET", 300.0, float, 1.0),
@@ -96,7 +100,8 @@ class Settings:
         return f"{SCOPE_PREFIX}{self.customer}"
 
 
-SECRET_FIELDS = frozenset({"client_secret", "api_key"})
+SECRET_FIELDS = frozenset({"client_secret", "api_key", "limiter_url"})
+POSTGRES_VARIABLE = "DAGSTER_POSTGRES_URL"
 
 
 def read_dotenv(path: Path) -> dict[str, str]:
@@ -139,6 +144,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_secure(scheme: str, host: str) -> bool:
+    """HTTPS, or plain http to a loopback host (the sandbox): every URL we call follows it."""
+    return bool(host) and (scheme == "https" or (scheme == "http" and is_loopback(host)))
+
+
 def _url(values: Mapping[str, str], name: str) -> str:
     """HTTPS only; plain http for loopback hosts alone (the sandbox)."""
     expected = "an https:// URL (http:// only for 127.0.0.0/8, ::1 or localhost)"
@@ -148,9 +158,7 @@ def _url(values: Mapping[str, str], name: str) -> str:
         host = parts.hostname or ""
     except ValueError:
         raise ConfigError(name, expected) from None
-    if parts.scheme not in ("https", "http") or not host or parts.query or parts.fragment:
-        raise ConfigError(name, expected)
-    if parts.scheme == "http" and not is_loopback(host):
+    if not is_secure(parts.scheme, host) or parts.query or parts.fragment:
         raise ConfigError(name, expected)
     return text.rstrip("/")
 
@@ -178,6 +186,21 @@ def _limiter_path(values: Mapping[str, str]) -> Path:
         return Path(explicit).expanduser()
     cache = (values.get("XDG_CACHE_HOME") or "").strip()
     return (Path(cache) / LIMITER_FILE) if cache else DEFAULT_LIMITER_PATH.expanduser()
+
+
+def _limiter_url(values: Mapping[str, str]) -> str | None:
+    """DAGSTER_POSTGRES_URL, the instance's PostgreSQL, which also holds the shared limit."""
+    text = (values.get(POSTGRES_VARIABLE) or "").strip()
+    if not text:
+        return None
+    try:
+        parts = urlsplit(text)
+        ok = parts.scheme in ("postgresql", "postgres") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(POSTGRES_VARIABLE, "postgresql://user:password@host:port/database")
+    return text
 
 
 def _ca_bundle(values: Mapping[str, str]) -> Path | None:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from starlette.routing import Route
 from connectors.clinical_records import catalogue as cat
 from connectors.sandbox import metadata
 from connectors.sandbox.auth import OAuthError, TokenService
-from connectors.sandbox.config import SandboxConfig, ScriptedDrift
+from connectors.sandbox.config import Customer, SandboxConfig, ScriptedDrift
 from connectors.sandbox.document_endpoints import DocumentEndpoints
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import ERROR_STATUSES, FaultInjector
@@ -63,22 +64,33 @@ Handler = Callable[[Request, Resource], Awaitable[Response]]
 
 
 class Sandbox(DocumentEndpoints):
-    """One running service: configuration, data, tokens, limits, faults and request counters."""
+    """One running service: configuration, data, tokens, limits, faults and request counters.
+
+    It serves one customer by default, or several (`SandboxConfig.customers`), each with its
+    own store: a request's credentials choose the store it reads and writes (`store`), and
+    its API key the bucket of the rate limit."""
 
     def __init__(self, config: SandboxConfig, store: Store | None = None) -> None:
         self.config = config
-        self.store = store or Store(
-            seed=config.seed,
-            scale=config.scale,
-            resolved_references=config.resolved_references,
-        )
         self.tokens = TokenService(config)
+        self.stores: dict[str, Store] = {}
+        for number, customer in enumerate(self.tokens.customers):
+            given = store if number == 0 else None  # a store handed in is the default's
+            self.stores[customer.name] = given or Store(
+                seed=config.seed if customer.seed is None else customer.seed,
+                scale=config.scale if customer.scale is None else customer.scale,
+                resolved_references=config.resolved_references,
+                values=config.values,
+            )
+        self.default = self.tokens.customers[0]
+        self._current: ContextVar[Customer] = ContextVar("sandbox_customer", default=self.default)
         self.limiter = RateLimiter(config.rate, config.burst)
         self.faults = FaultInjector(config)
         self.counters: Counter[str] = Counter()
         # Every collection request served, in the order served: (set, its query options), so
         # a test can tell which request to a set came last (a run's final look at it).
         self.served: deque[tuple[str, dict[str, str]]] = deque(maxlen=100_000)
+        self.throttled_by: Counter[str] = Counter()  # per customer, its requests answered 429
         self.handlers: dict[str, Handler] = {
             "service": self._service_document,
             "metadata": self._metadata,
@@ -103,6 +115,12 @@ class Sandbox(DocumentEndpoints):
             exception_handlers={404: unrouted},
         )
 
+    @property
+    def store(self) -> Store:
+        """The store of the customer whose credentials the current request carries (each
+        request runs in its own context); outside a request, the default customer's."""
+        return self.stores[self._current.get().name]
+
     # -- the gate ---------------------------------------------------------------------------
 
     async def _api(self, request: Request) -> Response:
@@ -113,7 +131,8 @@ class Sandbox(DocumentEndpoints):
 
     async def _serve(self, request: Request) -> Response:
         try:
-            self.tokens.check(request.headers)
+            customer = self.tokens.check(request.headers)
+            self._current.set(customer)
             resource = resolve(request.path_params["path"])
             if request.method not in resource.allowed:
                 error = ODataError(
@@ -123,9 +142,10 @@ class Sandbox(DocumentEndpoints):
                     "The entity sets are read-only; only patient documents accept POST and DELETE.",
                 )
                 return error_response(error, {"Allow": ", ".join(resource.allowed)})
-            wait = self.limiter.acquire(self.config.api_key)
+            wait = self.limiter.acquire(customer.api_key, customer.rate, customer.burst)
             if wait:
                 self.counters["throttled"] += 1
+                self.throttled_by[customer.name] += 1
                 return self._too_many(wait)
             fault = await self._inject()
             if fault is not None:
@@ -261,8 +281,11 @@ class Sandbox(DocumentEndpoints):
     # -- test controls, off the spec's paths -------------------------------------------------
 
     async def _control(self, request: Request) -> Response:
-        if request.headers.get("x-api-key") != self.config.api_key:
+        """Authorised by a customer's API key; data controls act on that customer's store."""
+        customer = self.tokens.by_api_key(request.headers.get("x-api-key"))
+        if customer is None:
             return error_response(ODataError(401, "Unauthorized", "x-api-key required."))
+        self._current.set(customer)
         action = request.path_params["action"]
         body = await request.json() if request.method == "POST" else {}
         try:
@@ -281,6 +304,11 @@ class Sandbox(DocumentEndpoints):
                     return json_response(self.store.ground_truth())
             if action == "stats":
                 return json_response(self.stats())
+            if action == "customers":
+                return json_response(self.customer_requests())
+            if action == "arrivals":  # when the presented key's requests arrived, in seconds
+                key = request.headers["x-api-key"]
+                return json_response(list(self.limiter.arrivals.get(key, [])))
             if action == "changes":
                 with self.store.lock:
                     return json_response([c.as_dict() for c in self.store.changes])
@@ -293,6 +321,17 @@ class Sandbox(DocumentEndpoints):
         self.limiter.reconfigure(self.config.rate, self.config.burst)
         if "drift_script" in changes:
             self.faults.restart_script()
+
+    def customer_requests(self) -> dict[str, dict[str, object]]:
+        """Per customer: when each request its credentials made reached the limit (monotonic
+        seconds, admitted or not; `limiter.arrivals` of its API key) and how many got 429."""
+        return {
+            c.name: {
+                "requests": list(self.limiter.arrivals.get(c.api_key, [])),
+                "throttled": self.throttled_by[c.name],
+            }
+            for c in self.tokens.customers
+        }
 
     def stats(self) -> dict[str, int]:
         return {

@@ -5,6 +5,7 @@ generator, connectors/sandbox/generator.py, applies them set by set).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -195,24 +196,46 @@ def pick(rng: np.random.Generator, pool: Sequence, n: int) -> list:
 # -- rules by field ---------------------------------------------------------------------------
 
 
+def parent_keys(ctx: Context, fld: Field) -> list:
+    """The keys of the set a reference names, as that set holds them."""
+    assert fld.key is not None
+    home = HOME[fld.key]
+    if home.name == ctx.entity.name:
+        existing = ctx.made.get(home.name) if ctx.resolves(fld) else None
+        # A self reference points among the new records, or (resolved, when the set already
+        # has records) at one that exists: a new record's serial may yet give way to a key.
+        return [r[home.key] for r in existing] if existing else ctx.ids
+    return [r[home.key] for r in ctx.made[home.name]]
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,9}")
+
+
+def joinable(keys: Sequence, fld: Field) -> list:
+    """`keys` written as `fld`'s JSON type, only those that stay the same id (spec 2: one id is
+    a string in one set, a number in another): a number is its decimal text; a string is a
+    number only when it is a number's canonical text, so "00123" never stands for 123."""
+    if fld.type is Edm.STRING:
+        return [str(k) for k in keys]
+    return [
+        k if type(k) is int else int(k)
+        for k in keys
+        if type(k) is int or (CANONICAL_INTEGER.fullmatch(k) and INT32_MIN <= int(k) <= INT32_MAX)
+    ]
+
+
 def reference(ctx: Context, fld: Field) -> Column:
     """Ids of the referenced set (or a plausible pool when the service does not expose it),
     written as this field's own JSON type: the string/number mismatch of the spec."""
     assert fld.key is not None
-    home = HOME.get(fld.key)
-    if home is None:
-        pool: list = (
-            list(range(1, 400))
-            if fld.key in cat.NUMERIC_KEYS
-            else [f"{fld.key[:3]}-{i:04d}" for i in range(1, 60)]
-        )
-    elif home.name == ctx.entity.name:
-        existing = ctx.made.get(home.name) if ctx.resolves(fld) else None
-        # A self reference points among the new records, or (resolved, when the set already
-        # has records) at one that exists: a new record's serial may yet give way to a key.
-        pool = [r[home.key] for r in existing] if existing else ctx.ids
-    else:
-        pool = [r[home.key] for r in ctx.made[home.name]]
+    if fld.key in HOME:
+        return pick(ctx.rng, joinable(parent_keys(ctx, fld), fld), ctx.n)
+    pool: list = (
+        list(range(1, 400))
+        if fld.key in cat.NUMERIC_KEYS
+        else [f"{fld.key[:3]}-{i:04d}" for i in range(1, 60)]
+    )
     kind = str if fld.type is Edm.STRING else int
     return pick(ctx.rng, [kind(v) for v in pool], ctx.n)
 
@@ -301,8 +324,9 @@ BY_TYPE: dict[Edm, Rule] = {
 
 
 def instants_as(fld: Field, rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
-    """Seconds written as the field's own kind of time text."""
-    if fld.parse_as is Canonical.TIMESTAMPTZ:
+    """Seconds written as the field's own kind of time text (a plain string, such as
+    Prescriptions.created_at, as fixed-width UTC: text that sorts as its instants do)."""
+    if fld.type is Edm.STRING:
         return utc_instants(seconds)
     if fld.type is Edm.DATE:
         return iso_dates(seconds)
@@ -313,23 +337,35 @@ def created_at(ctx: Context, fld: Field) -> Column:
     return instants_as(fld, ctx.rng, ctx.created)
 
 
-def updated_at(ctx: Context, fld: Field) -> Column:
-    """Some time after creation, mostly in the last two months."""
+def update_instants(ctx: Context) -> np.ndarray:
+    """Some time after creation, mostly in the last two months (epoch seconds)."""
     recent = ctx.rng.uniform(ctx.now - 60 * 86400, ctx.now, ctx.n).astype(np.int64)
-    return instants_as(fld, ctx.rng, np.maximum(ctx.created, recent))
+    return np.maximum(ctx.created, recent)
 
 
-def appointment_updated_at(ctx: Context, fld: Field) -> Column:
-    """As `updated_at`, and one bulk edit gives hundreds of rows the very same instant."""
-    values = updated_at(ctx, fld)
+def updated_at(ctx: Context, fld: Field) -> Column:
+    return instants_as(fld, ctx.rng, update_instants(ctx))
+
+
+def bulk_edit(ctx: Context, values: Column, write: Callable[[int, int], list[str]]) -> Column:
+    """One bulk edit a week ago: hundreds of `values` take its instant, as `write(moment, k)`
+    writes it for k rows."""
     bulk = min(BULK_EDIT_SIZE, ctx.n // 4)
     moment = int(ctx.now) - 7 * 86400
     candidates = np.flatnonzero(ctx.created <= moment)
     if bulk and len(candidates) >= bulk:
-        shared = iso_instants(ctx.rng, np.array([moment]))[0]
-        for i in ctx.rng.choice(candidates, bulk, replace=False).tolist():
-            values[i] = shared
+        shared = write(moment, bulk)
+        rows = ctx.rng.choice(candidates, bulk, replace=False).tolist()
+        for i, text in zip(rows, shared, strict=True):
+            values[i] = text
     return values
+
+
+def appointment_updated_at(ctx: Context, fld: Field) -> Column:
+    """As `updated_at`, and one bulk edit gives hundreds of rows the very same text."""
+    return bulk_edit(
+        ctx, updated_at(ctx, fld), lambda moment, k: iso_instants(ctx.rng, np.array([moment])) * k
+    )
 
 
 def claim_money(ctx: Context, fld: Field) -> Column:
@@ -384,23 +420,22 @@ def birth_dates(ctx: Context, fld: Field) -> Column:
 
 BY_NAME: dict[str, Rule] = {"created_at": created_at, "updated_at": updated_at, "dob": birth_dates}
 
+CLAIM_MONEY = (
+    "total_claim_amount",
+    "total_claim_balance",
+    "total_claim_paid",
+    "total_pt_responsibility_amount",
+    "total_pt_responsibility_balance",
+    "total_pt_responsibility_paid",
+    "uncollected",
+)
+
 OVERRIDES: dict[tuple[str, str], Rule] = {
     ("Appointments", "updated_at"): appointment_updated_at,
     ("Appointments", "end_time"): end_time,
     ("Appointments", "end_time_new"): end_time,
     ("Claims", "prescription_id"): dangling_prescription,
-    **{
-        ("Claims", name): claim_money
-        for name in (
-            "total_claim_amount",
-            "total_claim_balance",
-            "total_claim_paid",
-            "total_pt_responsibility_amount",
-            "total_pt_responsibility_balance",
-            "total_pt_responsibility_paid",
-            "uncollected",
-        )
-    },
+    **{("Claims", name): claim_money for name in CLAIM_MONEY},
 }
 
 # Fields that are never null although the spec does not mark them required: the cursors and the

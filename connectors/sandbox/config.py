@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -14,6 +14,19 @@ PLACES = ("before", "between", "after")  # where a drift insert's key lands in k
 
 def _secret(prefix: str) -> str:
     return f"{prefix}-{secrets.token_urlsafe(18)}"
+
+
+# What the data is drawn from: "spec", the default (values our catalogue chose, the data every
+# recorded figure was measured on), or "wide": every value each field's spec type allows
+# (connectors/sandbox/wide.py; README, "The sandbox").
+VALUE_PROFILES = ("spec", "wide")
+
+
+def checked_values(name: object) -> str:
+    """`name` when it names a values profile; otherwise the error says which do."""
+    if name not in VALUE_PROFILES:
+        raise ValueError(f"values must be one of {', '.join(VALUE_PROFILES)}; got {name!r}")
+    return str(name)
 
 
 def _count_like(value: object) -> bool:
@@ -56,6 +69,30 @@ class ScriptedDrift:
 
 
 @dataclass
+class Customer:
+    """One customer of a sandbox: its scope (`svc-customer-api/<name>`), credentials, data
+    and rate limit. None takes the sandbox's value (which may change while it serves)."""
+
+    name: str
+    client_id: str = ""  # default: `<name>-client`
+    client_secret: str = field(default_factory=lambda: _secret("secret"))
+    api_key: str = field(default_factory=lambda: _secret("key"))
+    seed: int | None = None
+    scale: float | None = None
+    rate: float | None = None
+    burst: int | None = None
+
+    def __post_init__(self) -> None:
+        self.client_id = self.client_id or f"{self.name}-client"
+
+
+def customers(names: Sequence[str], seed: int) -> list[Customer]:
+    """Customers named `names`, their data drawn from seeds `seed`, `seed + 1`, ...: each
+    customer's records differ from the others', so a mix would show."""
+    return [Customer(name, seed=seed + number) for number, name in enumerate(names)]
+
+
+@dataclass
 class SandboxConfig:
     """Data, credentials and behaviour of one sandbox. Faults are all off by default."""
 
@@ -64,6 +101,7 @@ class SandboxConfig:
     # Every reference a catalogue navigation joins on is set and names a record that exists,
     # through advance and drift too (store.Store); off: the spec's nulls and dangling claims.
     resolved_references: bool = False
+    values: str = "spec"  # a name of VALUE_PROFILES
     # Credentials the sandbox accepts; secrets are fresh per instance unless given.
     client_id: str = "sandbox-client"
     client_secret: str = field(default_factory=lambda: _secret("secret"))
@@ -101,9 +139,9 @@ class SandboxConfig:
     # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
     expand_cap: int | None = None
     refuse_document_expand: bool = False
-
-    def __post_init__(self) -> None:
-        self.update(drift_script=self.drift_script)
+    # Several customers on one server, each with its own credentials, data and limit; empty:
+    # the one customer above (`customer`, `client_id`, `client_secret`, `api_key`).
+    customers: list[Customer] = field(default_factory=list)
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
         "token_lifetime",
@@ -124,6 +162,22 @@ class SandboxConfig:
         "expand_cap",
         "refuse_document_expand",
     )
+
+    def __post_init__(self) -> None:
+        checked_values(self.values)
+        self.update(drift_script=self.drift_script)
+
+    def served(self) -> list[Customer]:
+        """The customers this sandbox serves, the first one the default; ValueError when two
+        share a name, client id or API key (a request would not say whose data it reads)."""
+        served = self.customers or [
+            Customer(self.customer, self.client_id, self.client_secret, self.api_key)
+        ]
+        for name in ("name", "client_id", "api_key"):
+            values = [getattr(c, name) for c in served]
+            if len(set(values)) < len(values):
+                raise ValueError(f"two sandbox customers share a {name}")
+        return served
 
     def update(self, **changes: object) -> None:
         """Change runtime settings; an unknown or data-shaping name is refused."""

@@ -40,6 +40,11 @@ class SandboxControl:
     def stats(self) -> dict[str, int]:
         return self.call("stats")
 
+    def arrivals(self) -> list[float]:
+        """When each request with this API key reached the service's limit, admitted or
+        answered 429 (seconds on the server's monotonic clock): the rate the service saw."""
+        return self.call("arrivals")
+
     def truth(self) -> dict[str, list[dict[str, Any]]]:
         return self.call("truth")
 

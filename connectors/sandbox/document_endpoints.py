@@ -19,6 +19,8 @@ from connectors.sandbox.routes import Resource, parse_key, query_options
 from connectors.sandbox.store import Store
 
 SANDBOX_USER_ID = "9001"  # the API client's own user, as the service records uploads
+# ...except in the wide profile, where the uploader is the token's client, as an independent
+# service recorded it (issue 29; spec 2.9: `uploaded_by_id` is a string, "Uploading user").
 
 
 @dataclass
@@ -95,7 +97,9 @@ class DocumentEndpoints:
                 data=data,
                 document_type=_text(fields["document_type"]),
                 description=_text(fields["description"]),
-                uploaded_by_id=SANDBOX_USER_ID,
+                uploaded_by_id=(
+                    self.config.client_id if self.store.values == "wide" else SANDBOX_USER_ID
+                ),
             )
         return json_response(meta, 201)
 

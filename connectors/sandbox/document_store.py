@@ -5,9 +5,18 @@ from __future__ import annotations
 import hashlib
 from bisect import insort
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
+
+
+def hashed_id(patient_id: str, serial: int) -> str:
+    return "doc-" + hashlib.sha256(f"{patient_id}/{serial}".encode()).hexdigest()[:20]
+
+
+def utc_stamp(moment: datetime, serial: int) -> str:
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -15,6 +24,9 @@ class DocumentStore:
     """Patient documents: metadata per patient (sorted by id) and the bytes by id."""
 
     clock: Any  # () -> datetime, the sandbox clock
+    # A new document's id and `uploaded_at` text (the values profile's: connectors/sandbox/wide.py)
+    make_id: Callable[[str, int], str] = hashed_id
+    stamp: Callable[[datetime, int], str] = utc_stamp
     by_patient: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
     content: dict[str, bytes] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)
@@ -32,8 +44,7 @@ class DocumentStore:
         uploaded_by_id: str,
     ) -> dict:
         self._serial += 1
-        digest = hashlib.sha256(f"{patient_id}/{self._serial}".encode()).hexdigest()
-        doc_id = f"doc-{digest[:20]}"
+        doc_id = self.make_id(patient_id, self._serial)
         uploaded = self.clock() + timedelta(microseconds=self._serial)
         meta = {
             "id": doc_id,
@@ -44,7 +55,7 @@ class DocumentStore:
             "document_type": document_type,
             "description": description,
             "uploaded_by_id": uploaded_by_id,
-            "uploaded_at": uploaded.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "uploaded_at": self.stamp(uploaded, self._serial),
         }
         insort(self.by_patient[patient_id], meta, key=lambda m: m["id"])
         self.content[doc_id] = data

@@ -9,16 +9,22 @@ give the fields whose meaning matters: statuses, times, money that adds up, the 
 Awkward on purpose, as the real service is: nulls, unicode and quotes in names, strings at
 exactly their max length, decimals of varied scale, date-times with offsets and fractions,
 ids that are strings in one set and numbers in another.
+
+Two values profiles (`SandboxConfig.values`): "spec", the default above, and "wide", every
+field drawn from its spec type alone (connectors/sandbox/wide.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
+from connectors.sandbox import wide
 from connectors.sandbox.columns import (
     ALWAYS_SET,
     EPOCH,
@@ -27,8 +33,10 @@ from connectors.sandbox.columns import (
     NULL_SHARE,
     OVERRIDES,
     Context,
+    Rule,
     fill,
 )
+from connectors.sandbox.config import VALUE_PROFILES, checked_values
 
 BASE_SIZE: dict[str, int] = {
     "Patients": 2000,
@@ -79,6 +87,29 @@ def make_ids(entity: EntitySet, start: int, n: int, rng: np.random.Generator) ->
     return [f"{prefix}{(i * 2654435761) % 4294967296:08x}{i:x}" for i in numbers]
 
 
+@dataclass(frozen=True)
+class Profile:
+    """How one values profile makes keys (from serials) and fields."""
+
+    ids: Callable[[EntitySet, int, int, np.random.Generator], list]
+    fill: Rule
+    overrides: Mapping[tuple[str, str], Rule]
+
+    def rule(self, entity: EntitySet, fld: Field) -> Rule:
+        return self.overrides.get((entity.name, fld.name), self.fill)
+
+
+PROFILES: dict[str, Profile] = {
+    "spec": Profile(make_ids, fill, OVERRIDES),
+    "wide": Profile(wide.make_ids, wide.fill, wide.OVERRIDES),
+}
+assert tuple(PROFILES) == VALUE_PROFILES
+
+
+def profile(values: str) -> Profile:
+    return PROFILES[checked_values(values)]
+
+
 def make_records(
     entity: EntitySet,
     n: int,
@@ -89,10 +120,13 @@ def make_records(
     now: float,
     created_after: float | None = None,
     resolved: bool = False,
+    values: str = "spec",
 ) -> list[dict]:
     """`n` new records of one set; `created_after` places them in (created_after, now];
-    `resolved`: every navigation reference set and naming a record of `made`."""
-    ids = make_ids(entity, first_id, n, rng)
+    `resolved`: every navigation reference set and naming a record of `made`; `values`:
+    the profile that draws them."""
+    rules = profile(values)
+    ids = rules.ids(entity, first_id, n, rng)
     start = now - HISTORY_SECONDS if created_after is None else created_after
     created = np.sort(rng.uniform(start, now, n)).astype(np.int64) + 1
     ctx = Context(rng, n, entity, made, ids, now, {}, created, resolved)
@@ -101,9 +135,8 @@ def make_records(
         if fld.name == entity.key:
             columns[fld.name] = ids
             continue
-        rule = OVERRIDES.get((entity.name, fld.name), fill)
-        values = rule(ctx, fld)
-        columns[fld.name] = _awkward(values, fld, rng, keep=ctx.resolves(fld))
+        column = rules.rule(entity, fld)(ctx, fld)
+        columns[fld.name] = _awkward(column, fld, rng, keep=ctx.resolves(fld))
     names = [f.name for f in entity.fields]
     return [
         dict(zip(names, row, strict=True)) for row in zip(*(columns[k] for k in names), strict=True)
@@ -129,9 +162,9 @@ def first_id(entity: EntitySet) -> int:
 
 
 def generate(
-    seed: int, scale: float, now: datetime = EPOCH, resolved: bool = False
+    seed: int, scale: float, now: datetime = EPOCH, resolved: bool = False, values: str = "spec"
 ) -> dict[str, list[dict]]:
-    """Every entity set, sorted by key, reproducible from (seed, scale, resolved)."""
+    """Every entity set, sorted by key, reproducible from (seed, scale, resolved, values)."""
     made: dict[str, list[dict]] = {}
     for entity in generation_order():
         rng = np.random.default_rng([seed, cat.ENTITY_SETS.index(entity)])
@@ -143,6 +176,7 @@ def generate(
             first_id=first_id(entity),
             now=now.timestamp(),
             resolved=resolved,
+            values=values,
         )
         rows.sort(key=lambda r, k=entity.key: r[k])
         made[entity.name] = rows

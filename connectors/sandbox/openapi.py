@@ -14,6 +14,13 @@ API_TITLE = "Clinical Records Customer Service Interface (sandbox)"
 API_VERSION = "1.0.0"
 
 DECIMAL_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
+# Spec 2: "ISO 8601 date-time with offset or Z", as OData's Edm.DateTimeOffset writes it:
+# seconds are optional (`T10:00Z`), which RFC 3339's `date-time` format refuses, so a pattern
+# says it instead. No space for T and no `-0800`: ISO 8601 allows neither.
+DATETIME_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,12})?)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
 
 # JSON Schema of each Edm type, as the service writes it in JSON (spec 2, type notes).
 JSON_TYPES: dict[cat.Edm, dict[str, Any]] = {
@@ -22,7 +29,7 @@ JSON_TYPES: dict[cat.Edm, dict[str, Any]] = {
     cat.Edm.DECIMAL: {"type": "string", "format": "decimal", "pattern": DECIMAL_PATTERN},
     cat.Edm.BOOLEAN: {"type": "boolean"},
     cat.Edm.DATE: {"type": "string", "format": "date"},
-    cat.Edm.DATETIME: {"type": "string", "format": "date-time"},
+    cat.Edm.DATETIME: {"type": "string", "pattern": DATETIME_PATTERN},
 }
 
 ERROR_SCHEMA = "Error"

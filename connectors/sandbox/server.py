@@ -12,7 +12,7 @@ from typing import Any, Self
 import uvicorn
 
 from connectors.sandbox.app import API_PREFIX, AUTH_PREFIX, Sandbox
-from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.config import Customer, SandboxConfig
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.store import Store
 
@@ -72,25 +72,42 @@ class SandboxServer:
     def auth_url(self) -> str:
         return self.origin + AUTH_PREFIX
 
-    def env(self) -> dict[str, str]:
-        """The CLINICAL_* settings a client needs to talk to this sandbox."""
-        c = self.config
+    def env(self, customer: str | None = None) -> dict[str, str]:
+        """The CLINICAL_* settings a client of `customer` (default: the first) needs."""
+        c = self._customer(customer)
+        rate = self.config.rate if c.rate is None else c.rate
         env = {
             "CLINICAL_API_BASE_URL": self.base_url,
             "CLINICAL_AUTH_URL": self.auth_url,
             "CLINICAL_CLIENT_ID": c.client_id,
             "CLINICAL_CLIENT_SECRET": c.client_secret,
             "CLINICAL_API_KEY": c.api_key,
-            "CLINICAL_CUSTOMER": c.customer,
+            "CLINICAL_CUSTOMER": c.name,
         }
-        if c.rate is not None:
-            env["CLINICAL_RATE_LIMIT"] = f"{c.rate:g}"
-            env["CLINICAL_BURST"] = str(c.burst)
+        if rate is not None:
+            env["CLINICAL_RATE_LIMIT"] = f"{rate:g}"
+            env["CLINICAL_BURST"] = str(self.config.burst if c.burst is None else c.burst)
         return env
 
-    def control(self) -> SandboxControl:
-        """This sandbox's test controls, over HTTP."""
-        return SandboxControl(self.origin, self.config.api_key)
+    @property
+    def customers(self) -> list[Customer]:
+        return self.sandbox.tokens.customers
+
+    def _customer(self, name: str | None) -> Customer:
+        if name is None:
+            return self.sandbox.default
+        found = [c for c in self.customers if c.name == name]
+        if not found:
+            raise KeyError(f"no sandbox customer {name!r}")
+        return found[0]
+
+    def store_of(self, customer: str) -> Store:
+        """A customer's data (`store` is the default customer's)."""
+        return self.sandbox.stores[self._customer(customer).name]
+
+    def control(self, customer: str | None = None) -> SandboxControl:
+        """The test controls over HTTP; data controls act on `customer`'s store."""
+        return SandboxControl(self.origin, self._customer(customer).api_key)
 
     def configure(self, **changes: Any) -> None:
         """Change faults or limits while serving (see SandboxConfig.RUNTIME)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import EntitySet, Navigation
-from connectors.sandbox import columns, generator
+from connectors.sandbox import columns, generator, wide
 from connectors.sandbox.config import PLACES
 from connectors.sandbox.document_store import SAMPLE_BYTES, DocumentStore
 
@@ -61,7 +61,8 @@ class Change:
 
 def _free_key(table: Table, place: str, rng: random.Random) -> Any:
     """A key not in `table` that sorts before its first key, between two of its keys or
-    after its last, in the set's own kind: numbers, digit strings or opaque strings."""
+    after its last, in the set's own kind: numbers (within Int32), digit strings or opaque
+    strings (a prefix of the first key sorts before every key)."""
     keys = table.keys
     numeric = table.entity.key_field.type is cat.Edm.INT32
     if not keys:
@@ -84,6 +85,8 @@ def _free_key(table: Table, place: str, rng: random.Random) -> Any:
             last = keys[-1]
             candidate = last + 1 if numeric else f"{last}9"
         fits = candidate not in (None, "") and _sort_key(candidate)[0] == _sort_key(keys[0])[0]
+        if numeric and fits:
+            fits = columns.INT32_MIN <= candidate <= columns.INT32_MAX
         if fits and candidate not in table.by_key:
             return candidate
         place = rng.choice(PLACES)
@@ -136,6 +139,7 @@ class Store:
         scale: float = 1.0,
         now: datetime | None = None,
         resolved_references: bool = False,
+        values: str = "spec",
     ) -> None:
         self.seed = seed
         self.scale = scale
@@ -143,14 +147,21 @@ class Store:
         # Every navigation reference set and naming a record that exists, through every
         # insert, update and delete (columns.RESOLVED); off: the spec's dangling and nulls.
         self.resolved_references = resolved_references
+        # The values profile (SandboxConfig.values): generated, inserted and updated alike.
+        generator.profile(values)  # refuses an unknown name before any work
+        self.values = values
         self.lock = threading.RLock()
         self.tables: dict[str, Table] = {
             name: Table(cat.BY_NAME[name], rows)
             for name, rows in generator.generate(
-                seed, scale, self.now, resolved=resolved_references
+                seed, scale, self.now, resolved=resolved_references, values=values
             ).items()
         }
-        self.documents = DocumentStore(clock=lambda: self.now)
+        self.documents = (
+            DocumentStore(lambda: self.now, make_id=wide.document_id, stamp=wide.upload_stamp)
+            if values == "wide"
+            else DocumentStore(clock=lambda: self.now)
+        )
         self._rng = np.random.default_rng([seed, 99])
         self._next_id = {
             e.name: generator.first_id(e) + generator.size_of(e, scale) for e in cat.ENTITY_SETS
@@ -324,6 +335,7 @@ class Store:
             now=self.now.timestamp(),
             created_after=after.timestamp(),
             resolved=self.resolved_references,
+            values=self.values,
         )
         self._next_id[name] += n
         if key is not None:
@@ -352,6 +364,7 @@ class Store:
             now=self.now.timestamp(),
             created_after=after.timestamp(),
             resolved=self.resolved_references,
+            values=self.values,
         )
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
         size = min(n, len(table))
@@ -396,26 +409,33 @@ class Store:
                 for meta in list(self.documents.list(str(patient_id))):
                     self.documents.delete(str(patient_id), meta["id"])
                     changed.append((cat.DOCUMENTS.name, "delete", meta["id"]))
-        survivors = self.tables[parent.name].keys
         names = {str(key) for key in gone}
         for child_name, field_name, parent_name in sorted(columns.RESOLVED):
-            if parent_name != parent.name or not survivors:
+            if parent_name != parent.name:
                 continue
             child = self.tables[child_name]
             spec = child.entity.field(field_name)
-            kind = str if spec.type is cat.Edm.STRING else int
+            survivors = columns.joinable(self.tables[parent.name].keys, spec)
+            if not survivors:
+                continue
             stamp = child.entity.by_name.get("updated_at")
             orphans = [r for r in child.rows if str(r.get(field_name)) in names]
             for row in orphans:
                 record = dict(row)
-                record[field_name] = kind(survivors[int(self._rng.integers(len(survivors)))])
+                record[field_name] = survivors[int(self._rng.integers(len(survivors)))]
                 if stamp is not None:
                     moment = np.array([int(self.now.timestamp())])
-                    record["updated_at"] = columns.instants_as(stamp, self._rng, moment)[0]
+                    record["updated_at"] = self._moment_text(stamp, moment)
                 child.upsert(record)
                 changed.append((child_name, "update", record.get(child.entity.key)))
         self._indexes.clear()
         return changed
+
+    def _moment_text(self, stamp: cat.Field, moment: np.ndarray) -> str:
+        """`moment` (epoch seconds) as the cursor field `stamp` of this profile writes it."""
+        if self.values == "wide" and stamp.type is cat.Edm.DATETIME:
+            return wide.instant_texts(self._rng, moment)[0]
+        return columns.instants_as(stamp, self._rng, moment)[0]
 
     def _seed_documents(self) -> None:
         patients = self.tables[cat.PATIENTS.name].rows
@@ -427,12 +447,17 @@ class Store:
         """A small valid file of one of the accepted types, varied by `i`."""
         kinds = list(SAMPLE_BYTES)
         content_type = kinds[i % len(kinds)]
+        described = {
+            "file_name": f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
+            "document_type": ["Prescription", "Insurance card", None][i % 3],
+            "description": None if i % 4 else "Scanned on intake",
+            "uploaded_by_id": str(1 + i % 50),
+        }
+        if self.values == "wide":
+            described.update(wide.document_fields(i))
         return self.documents.add(
             patient_id=patient_id,
-            file_name=f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
             content_type=content_type,
             data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
-            document_type=["Prescription", "Insurance card", None][i % 3],
-            description=None if i % 4 else "Scanned on intake",
-            uploaded_by_id=str(1 + i % 50),
+            **described,
         )

@@ -20,6 +20,7 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import ConfigError, UntrustedCertificate
 from connectors.clinical_records.settings import Settings
 from connectors.sandbox.server import SandboxServer
+from tests.connector_helpers import record_tokens
 from tests.reliability.conftest import (
     Target,
     assert_matches,
@@ -31,21 +32,6 @@ pytestmark = pytest.mark.reliability
 
 # A document id inside a URL path: `Documents(<id>)`, `Documents('<id>')`, `/document/<id>`.
 DOCUMENT_URL = re.compile(rb"Documents\(\s*'?doc-|/document/doc-")
-
-
-def record_tokens(server: SandboxServer) -> list[str]:
-    """Every access token the sandbox issues from now on (the test reads its own sandbox)."""
-    issued: list[str] = []
-    service = server.sandbox.tokens
-    issue = service.issue
-
-    def issue_and_note(form):
-        body = issue(form)
-        issued.append(str(body["access_token"]))
-        return body
-
-    service.issue = issue_and_note  # type: ignore[method-assign]
-    return issued
 
 
 def readable_forms(path: Path) -> Iterator[bytes]:

@@ -1,6 +1,5 @@
--- Prescriptions with their claims: one row per claim, money as exact DECIMAL(18,4).
--- Joins need no casts: every prescription id is BIGINT in the warehouse.
-CREATE OR REPLACE VIEW analytics.prescription_claims AS
+-- Prescriptions with their claims: one row per claim, money as exact DECIMAL(38,12).
+-- Joins need no casts: a prescription id has one type in every table (VARCHAR, as sent).
 SELECT
     p.id AS prescription_id,
     p.patient_id,

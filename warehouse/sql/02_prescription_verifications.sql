@@ -1,5 +1,4 @@
 -- Prescriptions with their insurance verifications: coverage, network, pre-authorisation.
-CREATE OR REPLACE VIEW analytics.prescription_verifications AS
 SELECT
     p.id AS prescription_id,
     p.patient_id,

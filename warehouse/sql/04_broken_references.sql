@@ -1,6 +1,5 @@
 -- Live records whose parent is missing (never sent, or soft-deleted): the source has them.
 -- One row per broken reference; ids as text so that every kind fits one column.
-CREATE OR REPLACE VIEW analytics.broken_references AS
 WITH live_prescriptions AS (
     SELECT id FROM clinical.prescriptions WHERE _deleted_at IS NULL
 ),

@@ -115,11 +115,11 @@ _TOKEN = re.compile(
     rf"""
     (?P<ws>\s+)
     |(?P<string>'(?:[^']|'')*')
-    |(?P<datetime>[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}
-        (?::[0-9]{{2}}(?:\.[0-9]+)?)?(?:Z|[+-][0-9]{{2}}:[0-9]{{2}}){_LITERAL_END})
+    |(?P<datetime>[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[Tt][0-9]{{2}}:[0-9]{{2}}
+        (?::[0-9]{{2}}(?:\.[0-9]+)?)?(?:[Zz]|[+-][0-9]{{2}}:[0-9]{{2}}){_LITERAL_END})
     |(?P<date>[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}{_LITERAL_END})
-    |(?P<decimal>-?[0-9]+\.[0-9]+{_LITERAL_END})
-    |(?P<int>-?[0-9]+{_LITERAL_END})
+    |(?P<decimal>[+-]?[0-9]+\.[0-9]+{_LITERAL_END})
+    |(?P<int>[+-]?[0-9]+{_LITERAL_END})
     |(?P<name>[A-Za-z_]\w*)
     |(?P<punct>[(),])
     |(?P<bad>'|[\w.:+\-]+|.)
@@ -163,7 +163,7 @@ def _bad_token(text: str, pos: int) -> str:
     return f"Invalid token '{text}' at position {pos}."
 
 
-_NAIVE_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T")
+_NAIVE_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt]")
 
 # -- syntax tree -------------------------------------------------------------------------------
 

@@ -1,0 +1,80 @@
+"""The instance's PostgreSQL (DAGSTER_POSTGRES_URL): is it there, and one migration at a time.
+
+Dagster's own storage retries a refused connection for a while and then fails with a trace;
+an operator needs one line naming the server and what to check, before anything is written.
+The URL holds a password: messages name the host, port and database, never the URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+POSTGRES_VARIABLE = "DAGSTER_POSTGRES_URL"
+CONNECT_TIMEOUT_SECONDS = 5
+# pg_advisory_lock key held while one process creates or migrates Dagster's tables; any fixed
+# 64-bit number no other program of this database uses.
+MIGRATION_LOCK = 0x636C696E6963616C  # "clinical"
+
+
+class PostgresUnreachable(Exception):
+    """The instance's PostgreSQL cannot be used: the server, the login or the database."""
+
+
+def where(url: str) -> str:
+    """`host:port/database` of a URL, without its user or password."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "localhost", parts.port or 5432
+    except ValueError:
+        raise PostgresUnreachable(
+            f"{POSTGRES_VARIABLE}: expected postgresql://user:password@host:port/database"
+        ) from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise PostgresUnreachable(
+            f"{POSTGRES_VARIABLE}: expected postgresql://user:password@host:port/database"
+        )
+    return f"{host}:{port}/{parts.path.lstrip('/') or parts.username or ''}"
+
+
+def _advice(reason: str) -> str:
+    """What to check, from the driver's reason."""
+    if "password authentication failed" in reason or "no password supplied" in reason:
+        return "check the user and password in " + POSTGRES_VARIABLE
+    if "does not exist" in reason:
+        return "create the database (createdb) or correct its name in " + POSTGRES_VARIABLE
+    return (
+        "check that the server is running there and accepts connections from this host "
+        f"(listen_addresses, pg_hba.conf, a firewall), and the host and port in {POSTGRES_VARIABLE}"
+    )
+
+
+def connect(url: str):
+    """A psycopg2 connection, or PostgresUnreachable naming the server and what to check."""
+    import psycopg2
+
+    place = where(url)
+    try:
+        return psycopg2.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    except psycopg2.Error as error:
+        first = (str(error).strip().splitlines() or ["no answer"])[0]
+        reason = first.split(" failed: ", 1)[-1]
+        raise PostgresUnreachable(
+            f"cannot use the Dagster instance's PostgreSQL at {place} ({POSTGRES_VARIABLE}): "
+            f"{reason}; {_advice(reason)}"
+        ) from None
+
+
+@contextmanager
+def migration_lock(url: str) -> Iterator[None]:
+    """Held while this process creates or upgrades Dagster's tables: the processes of every
+    host (CLI, webserver, daemon, workers) start one at a time through it."""
+    connection = connect(url)
+    try:
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        yield
+    finally:
+        connection.close()  # the session's advisory lock ends with it

@@ -1,0 +1,144 @@
+"""`clinical-sync tenants` and the tenants' `sync` and `status`, as an operator runs them: real
+subprocesses against one sandbox serving three customers."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.tenants import sandbox_tenants
+from connectors.sandbox.server import SandboxServer
+from tests.sandboxes import serving
+from tests.test_pipelines_cli import run
+
+pytestmark = pytest.mark.integration
+
+NAMES = ("clinic-a", "clinic-b", "clinic-c")
+
+
+@pytest.fixture(scope="module")
+def three() -> Iterator[SandboxServer]:
+    with serving(NAMES, scale=0.02) as server:
+        yield server
+
+
+def operator(tmp_path: Path, tenants_file: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
+    env["CLINICAL_LIMITER_PATH"] = str(tmp_path / "ratelimit.sqlite")
+    if tenants_file is not None:
+        env["CLINICAL_TENANTS_FILE"] = str(tenants_file)
+    return env
+
+
+@pytest.fixture
+def broken(three, tmp_path) -> Path:
+    """clinic-a as the sandbox made it; clinic-b with a wrong secret; clinic-c's API key in a
+    variable nobody set."""
+    path = tmp_path / "tenants.toml"
+    sandbox_tenants(three, path)
+    (tmp_path / "tenants.secrets" / "clinic-b.client_secret").write_text("not-the-secret\n")
+    text = path.read_text()
+    c_key = f'{{ file = "{tmp_path}/tenants.secrets/clinic-c.api_key" }}'
+    path.write_text(text.replace(c_key, '{ env = "CLINIC_C_API_KEY" }'))
+    return path
+
+
+def test_a_tenants_file_needs_a_tenant_named(three, tmp_path):
+    path = tmp_path / "tenants.toml"
+    sandbox_tenants(three, path)
+    done = run(["sync"], operator(tmp_path, path), tmp_path)
+    assert done.returncode == 2
+    assert "--tenant: expected a tenant's name, or --all-tenants" in done.stderr
+    done = run(["sync", "--tenant", "clinic-z"], operator(tmp_path, path), tmp_path)
+    assert done.returncode == 2 and "no tenant 'clinic-z'" in done.stderr
+    done = run(["sync", "--tenant", "clinic-a"], operator(tmp_path, None), tmp_path)
+    assert done.returncode == 2 and "CLINICAL_TENANTS_FILE" in done.stderr
+    done = run(["sync", "--parallel", "2"], operator(tmp_path, path), tmp_path)
+    assert done.returncode == 2 and "--parallel applies to --all-tenants" in done.stderr
+
+
+def test_a_broken_file_is_one_line_per_problem(tmp_path):
+    path = tmp_path / "tenants.toml"
+    path.write_text(
+        '[[tenant]]\nname = "a"\nbase_url = "ftp://x"\n\n[[tenant]]\nname = "a"\nrate = "x"\n'
+    )
+    done = run(["tenants", "list"], operator(tmp_path, path), tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "clinical-sync: 6 settings are missing or wrong:"
+    assert "  tenant 'a': named twice (tenants 1 and 2)" in lines
+    assert any(
+        line.startswith("  tenant 'a': base_url: expected an https:// URL") for line in lines
+    )
+    assert lines[-1].startswith(f"  do:   correct {path}")
+
+
+def test_check_names_each_tenants_problem_on_its_line(three, broken, tmp_path):
+    done = run(["tenants", "check"], operator(tmp_path, broken), tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = {
+        line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("clinic")
+    }
+    assert "ok" in lines["clinic-a"].split()[1] and "svc-customer-api/clinic-a" in lines["clinic-a"]
+    assert "FAILED" in lines["clinic-b"] and "invalid_client" in lines["clinic-b"]
+    assert "FAILED" in lines["clinic-c"]
+    assert "api_key: environment variable CLINIC_C_API_KEY is not set" in lines["clinic-c"]
+    assert "1 of 3 tenants ready" in done.stdout
+    assert three.env("clinic-a")["CLINICAL_CLIENT_SECRET"] not in done.stdout + done.stderr
+
+
+def test_all_tenants_run_side_by_side_and_exit_with_the_worst(three, broken, tmp_path):
+    env = operator(tmp_path, broken)
+    done = run(["sync", "--all-tenants"], env, tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr  # clinic-c: configuration
+    rows = {
+        line.split()[0]: line.split()
+        for line in done.stdout.splitlines()
+        if line.startswith("clinic")
+    }
+    assert rows["clinic-a"][1:3] == ["0", "ok"]
+    assert rows["clinic-b"][1:3] == ["1", "failed"]
+    assert rows["clinic-c"][1:3] == ["2", "configuration"]
+    assert "exit status 2: configuration (the worst of 3 tenants)" in done.stdout
+    assert "invalid_client" in done.stdout  # clinic-b's own lines, under the table
+    assert (tmp_path / "data" / "clinic-a" / "warehouse.duckdb").exists()
+    assert not (tmp_path / "data" / "clinic-b" / "warehouse.duckdb").exists()
+
+    status = run(["status", "--tenant", "clinic-a"], env, tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert "tenant clinic-a" in status.stdout and "Claims" in status.stdout
+    listed = run(["tenants", "list"], env, tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    rows = {
+        line.split()[0]: line for line in listed.stdout.splitlines() if line.startswith("clinic")
+    }
+    assert "success" in rows["clinic-a"] and "failure" in rows["clinic-b"]
+    assert "no partition yet" not in rows["clinic-c"]  # --all-tenants kept them in step
+
+
+def test_add_writes_a_private_file_with_no_secret_in_it(three, tmp_path):
+    path = tmp_path / "conf" / "tenants.toml"
+    secret = tmp_path / "north.secret"
+    secret.write_text(three.env("clinic-a")["CLINICAL_CLIENT_SECRET"])
+    env = {**operator(tmp_path, path), "NORTH_KEY": three.env("clinic-a")["CLINICAL_API_KEY"]}
+    args = ["tenants", "add", "north", "--customer", "clinic-a"]
+    args += ["--base-url", three.base_url, "--auth-url", three.auth_url]
+    args += ["--client-id", "clinic-a-client", "--client-secret-file", str(secret)]
+    args += ["--api-key-env", "NORTH_KEY", "--rate", "1000", "--burst", "200"]
+    done = run(args, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert env["NORTH_KEY"] not in text and secret.read_text() not in text
+    assert 'api_key = { env = "NORTH_KEY" }' in text
+    again = run(args, env, tmp_path)
+    assert again.returncode == 2 and "tenant 'north': named twice" in again.stderr
+    assert path.read_text() == text  # refused: the file is unchanged
+    checked = run(["tenants", "check"], env, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    listed = run(["tenants", "list"], env, tmp_path)
+    assert "north" in listed.stdout and "no partition yet" not in listed.stdout
