@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
+    AssetChecksDefinition,
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetIn,
@@ -488,5 +489,5 @@ def build_sync_assets(partitions_def: PartitionsDefinition | None = None) -> lis
     return [*found, build_publish_asset(found, partitions_def)]
 
 
-def build_reference_checks():
-    return [checks.reference_check(ref) for ref in checks.references()]
+def build_reference_checks() -> list[AssetChecksDefinition]:
+    return [checks.reference_checks()]
