@@ -80,6 +80,13 @@ def test_readers_never_block_a_sync_and_a_held_connection_keeps_its_night(tmp_pa
                 target.sync_in_process(full=full)  # raises unless it succeeded
                 assert time.monotonic() - started < LOCK_WAIT_SECONDS  # it never waited on a lock
                 seen.append(claims(target))
+            # The fresh reader reads again before it stops: at 10x a read can take longer
+            # than the moment between the last publication and the stop.
+            fresh_log = readers[1][1]
+            deadline = time.monotonic() + 30
+            while str(seen[-1]) not in fresh_log.read_text().split("\n"):
+                assert time.monotonic() < deadline, "the fresh reader never saw the last night"
+                time.sleep(0.05)
         finally:
             (tmp_path / "stop").touch()
             for proc, _ in readers:
