@@ -136,7 +136,7 @@ def api_metadata(extraction: Extraction) -> dict[str, Any]:
 
 def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
     return {
-        "mode": extraction.mode,
+        "mode": extraction.mode.value,
         "reason": extraction.reason,
         "rows_fetched": extraction.fetched,
         "rows_rejected": extraction.rejected,
@@ -151,7 +151,7 @@ def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
 
 def _log_reconciliation(log: Any, extraction: Extraction) -> None:
     r = extraction.reconciliation
-    if extraction.mode == Mode.SKIP.value:
+    if extraction.mode is Mode.SKIP:
         return
     line = (
         f"{extraction.entity}: reconciled with the source in {r.requests} extra requests: "
@@ -318,7 +318,7 @@ def build_load_asset(
             wh.check_source(settings.base_url, settings.customer, force=sync_options.force_source)
             result = LoadResult()
             enter(Phase.LOAD, entity.name)
-            if extraction.mode != "skip":
+            if extraction.mode is not Mode.SKIP:
                 result = wh.load(
                     entity,
                     extraction.files,
@@ -341,14 +341,14 @@ def build_load_asset(
                 count, ops.run_unfit(wh.con, entity.name, extraction.run_id)
             )
             results.append(
-                checks.reconciled_result(extraction.reconciliation, extraction.mode == "skip")
+                checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)
             )
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
             rows = quality.live_rows(wh.con, entity)
             ended = SetResult(
                 entity.name,
-                extraction.mode,
+                extraction.mode.value,
                 rows,
                 extraction.reconciliation.unreconciled,
                 failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
@@ -369,7 +369,7 @@ def build_load_asset(
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata={
-                "mode": extraction.mode,
+                "mode": extraction.mode.value,
                 **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
                 **api_metadata(extraction),
                 **run_figures(extraction.reconciliation),  # `unreconciled` among them

@@ -69,7 +69,7 @@ class Extraction:
     """What an extraction left in the lake, for the load and the run's metadata."""
 
     entity: str
-    mode: str
+    mode: Mode
     reason: str
     run_id: str
     files: list[str] = field(default_factory=list)
@@ -83,7 +83,7 @@ class Extraction:
 
     @property
     def snapshot(self) -> bool:
-        return self.mode == Mode.SNAPSHOT.value
+        return self.mode is Mode.SNAPSHOT
 
 
 def _max_cursor(entity: EntitySet, table: pa.Table) -> Any:
@@ -232,7 +232,7 @@ def extract(
     keys the warehouse holds live (an increment reconciles against them); `budget` caps the
     requests reconciliation may spend (default: `reconcile.default_budget`)."""
     entity = plan.entity
-    result = Extraction(entity.name, plan.mode.value, plan.reason, run_id)
+    result = Extraction(entity.name, plan.mode, plan.reason, run_id)
     if plan.mode is Mode.SKIP:
         return result
     started = time.monotonic()

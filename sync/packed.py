@@ -133,7 +133,7 @@ def extract_family(
 
 
 def _skipped(plan: Plan, run_id: str) -> Extraction:
-    return Extraction(plan.entity.name, plan.mode.value, plan.reason, run_id)
+    return Extraction(plan.entity.name, plan.mode, plan.reason, run_id)
 
 
 def _packed_read(
@@ -215,7 +215,7 @@ def _packed_read(
 
     results: dict[str, Extraction] = {}
     if root_input is not None:
-        result = Extraction(root.name, root_input.plan.mode.value, root_input.plan.reason, run_id)
+        result = Extraction(root.name, root_input.plan.mode, root_input.plan.reason, run_id)
         if root_reconciler:
             result.reconciliation = meter.charge(root.name, root_reconciler.finish)
             result.source_total = root_reconciler.total

@@ -97,7 +97,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
     plan = rider.input.plan
     entity = rider.entity
     enter(Phase.EXTRACT, entity.name)
-    result = Extraction(entity.name, plan.mode.value, plan.reason, rider.writer.run_id)
+    result = Extraction(entity.name, plan.mode, plan.reason, rider.writer.run_id)
     if entity is DOCUMENTS:
         rider.take(rider.arrived)
         rider.take(list(_list_documents(client, rider.short)))
