@@ -1,5 +1,7 @@
 """What the extraction learnt about the service and keeps across runs: whether it refuses
-to expand Documents (spec 4.2 allows `$expand` but says nothing of contained collections).
+to expand Documents (spec 4.2 allows `$expand` but says nothing of contained collections),
+and whether it refuses `or` in `$filter` (spec 4.2 lists eq, gt, ge, lt, le, and as the
+operators seen; sync/orphans.py).
 
 Learnt once and remembered in the lake (`_service.json`, owner-only), so that a service that
 refuses costs one failed request per `retry_after`, not one per run; after that it is tried
@@ -18,6 +20,7 @@ from warehouse.private import create_private, private_dir
 
 MEMORY_FILE = "_service.json"
 DOCUMENTS_REFUSED = "documents_expand_refused_at"
+FILTER_OR_REFUSED = "filter_or_refused_at"
 
 
 class ServiceMemory:
@@ -38,17 +41,36 @@ class ServiceMemory:
             out.write(json.dumps(values))
         os.replace(tmp, self.path)
 
-    def refuses_documents(self, now: datetime | None = None) -> bool:
-        """Refused within `retry_after`: list documents per patient without asking again."""
-        refused = self._read().get(DOCUMENTS_REFUSED)
+    def _refuses(self, what: str, now: datetime | None) -> bool:
+        refused = self._read().get(what)
         if refused is None:
             return False
         return (now or datetime.now(UTC)) - datetime.fromisoformat(refused) < self.retry_after
 
+    def _refuse(self, what: str) -> None:
+        self._write({**self._read(), what: datetime.now(UTC).isoformat()})
+
+    def _accepted(self, what: str) -> None:
+        values = self._read()
+        if values.pop(what, None) is not None:
+            self._write(values)
+
+    def refuses_documents(self, now: datetime | None = None) -> bool:
+        """Refused within `retry_after`: list documents per patient without asking again."""
+        return self._refuses(DOCUMENTS_REFUSED, now)
+
     def refuse_documents(self) -> None:
-        self._write({**self._read(), DOCUMENTS_REFUSED: datetime.now(UTC).isoformat()})
+        self._refuse(DOCUMENTS_REFUSED)
 
     def documents_expanded(self) -> None:
-        values = self._read()
-        if values.pop(DOCUMENTS_REFUSED, None) is not None:
-            self._write(values)
+        self._accepted(DOCUMENTS_REFUSED)
+
+    def refuses_filter_or(self, now: datetime | None = None) -> bool:
+        """Refused within `retry_after`: ask for known orphans one key per request."""
+        return self._refuses(FILTER_OR_REFUSED, now)
+
+    def refuse_filter_or(self) -> None:
+        self._refuse(FILTER_OR_REFUSED)
+
+    def filter_or_accepted(self) -> None:
+        self._accepted(FILTER_OR_REFUSED)
