@@ -20,7 +20,7 @@ from connectors.clinical_records.catalogue import PAGE_SIZE, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
 from connectors.clinical_records.query import F, Query, any_of
-from sync.service_memory import ServiceMemory
+from sync.service_memory import FILTER_OR_REFUSED, ServiceMemory
 
 QUERY_LIMIT = 2_000
 """Characters of one request's query string, percent-encoded as strictly as `quote` does
@@ -59,7 +59,7 @@ def requests(entity: EntitySet, keys: Sequence[Any], memory: ServiceMemory) -> i
     refused `or` (a service not yet asked is expected to accept: a refusal costs one more)."""
     if not keys:
         return 0
-    if memory.refuses_filter_or():
+    if memory.refuses(FILTER_OR_REFUSED):
         return len(keys)
     return len(batches(entity, keys))
 
@@ -70,7 +70,7 @@ def read_known(
     """The records of `keys` that still exist, in batches where `or` is accepted."""
     if not keys:
         return []
-    if memory.refuses_filter_or():
+    if memory.refuses(FILTER_OR_REFUSED):
         return _one_by_one(client, entity, keys)
     plan = batches(entity, keys)
     probe = next((i for i, batch in enumerate(plan) if len(batch) > 1), None)
@@ -80,7 +80,7 @@ def read_known(
     try:
         found += client.page(entity, key_query(entity, plan[probe]))["value"]
     except BadRequest as refused:
-        memory.refuse_filter_or()
+        memory.refuse(FILTER_OR_REFUSED)
         rest = [k for batch in plan[probe:] for k in batch]
         say.warning(
             f"{entity.name}: the service refused 'or' in $filter ({refused.status}); "
@@ -88,7 +88,7 @@ def read_known(
             f"each, until it is tried again"
         )
         return found + _one_by_one(client, entity, rest)
-    memory.filter_or_accepted()
+    memory.accepted(FILTER_OR_REFUSED)
     fetch = lambda batch: client.page(entity, key_query(entity, batch))["value"]  # noqa: E731
     for records in client.each(fetch, plan[probe + 1 :]):
         found += records or []

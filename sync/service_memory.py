@@ -41,36 +41,28 @@ class ServiceMemory:
             out.write(json.dumps(values))
         os.replace(tmp, self.path)
 
-    def _refuses(self, what: str, now: datetime | None) -> bool:
+    def refuses(self, what: str, now: datetime | None = None) -> bool:
+        """`what` (DOCUMENTS_REFUSED, FILTER_OR_REFUSED) was refused within `retry_after`:
+        take the fallback without asking again."""
         refused = self._read().get(what)
         if refused is None:
             return False
         return (now or datetime.now(UTC)) - datetime.fromisoformat(refused) < self.retry_after
 
-    def _refuse(self, what: str) -> None:
+    def refuse(self, what: str) -> None:
         self._write({**self._read(), what: datetime.now(UTC).isoformat()})
 
-    def _accepted(self, what: str) -> None:
+    def accepted(self, what: str) -> None:
         values = self._read()
         if values.pop(what, None) is not None:
             self._write(values)
 
     def refuses_documents(self, now: datetime | None = None) -> bool:
         """Refused within `retry_after`: list documents per patient without asking again."""
-        return self._refuses(DOCUMENTS_REFUSED, now)
+        return self.refuses(DOCUMENTS_REFUSED, now)
 
     def refuse_documents(self) -> None:
-        self._refuse(DOCUMENTS_REFUSED)
+        self.refuse(DOCUMENTS_REFUSED)
 
     def documents_expanded(self) -> None:
-        self._accepted(DOCUMENTS_REFUSED)
-
-    def refuses_filter_or(self, now: datetime | None = None) -> bool:
-        """Refused within `retry_after`: ask for known orphans one key per request."""
-        return self._refuses(FILTER_OR_REFUSED, now)
-
-    def refuse_filter_or(self) -> None:
-        self._refuse(FILTER_OR_REFUSED)
-
-    def filter_or_accepted(self) -> None:
-        self._accepted(FILTER_OR_REFUSED)
+        self.accepted(DOCUMENTS_REFUSED)

@@ -31,7 +31,7 @@ from sync import orphans
 from sync.packed import extract_family
 from sync.progress import Progress
 from sync.riders import SetInput
-from sync.service_memory import ServiceMemory
+from sync.service_memory import FILTER_OR_REFUSED, ServiceMemory
 from sync.strategy import Mode, Plan
 from tests.connector_helpers import settings_for
 from warehouse.lake import Lake
@@ -80,20 +80,20 @@ def test_the_cost_counts_batches_or_one_request_per_key_once_refused(tmp_path):
     keys = list(range(500, 700))
     assert orphans.requests(CHILD, [], memory) == 0
     assert orphans.requests(CHILD, keys, memory) == len(orphans.batches(CHILD, keys)) == 3
-    memory.refuse_filter_or()
+    memory.refuse(FILTER_OR_REFUSED)
     assert orphans.requests(CHILD, keys, memory) == 200
 
 
 def test_the_refusal_is_remembered_until_retry_after_and_cleared_by_an_answer(tmp_path):
     memory = ServiceMemory(tmp_path, retry_after=WEEK)
-    assert not memory.refuses_filter_or()
-    memory.refuse_filter_or()
+    assert not memory.refuses(FILTER_OR_REFUSED)
+    memory.refuse(FILTER_OR_REFUSED)
     again = ServiceMemory(tmp_path, retry_after=WEEK)  # the next run reads it back
-    assert again.refuses_filter_or()
-    assert not again.refuses_filter_or(now=datetime.now(UTC) + WEEK + timedelta(seconds=1))
+    assert again.refuses(FILTER_OR_REFUSED)
+    assert not again.refuses(FILTER_OR_REFUSED, now=datetime.now(UTC) + WEEK + timedelta(seconds=1))
     assert not again.refuses_documents()  # each refusal its own
-    again.filter_or_accepted()
-    assert not ServiceMemory(tmp_path, retry_after=WEEK).refuses_filter_or()
+    again.accepted(FILTER_OR_REFUSED)
+    assert not ServiceMemory(tmp_path, retry_after=WEEK).refuses(FILTER_OR_REFUSED)
 
 
 # -- the reads, against a sandbox --------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_known_orphans_are_read_in_batches_where_or_is_accepted(dangling, tmp_pa
     assert refused == by_key == 0
     assert "asked for by key in 2 requests" in result.reason  # the plan counted them
     assert_exact(result, written, server, deleted, updated)
-    assert not memory.refuses_filter_or()
+    assert not memory.refuses(FILTER_OR_REFUSED)
 
 
 def test_where_or_is_refused_the_probe_costs_one_request_and_is_remembered(dangling, tmp_path):
@@ -178,7 +178,7 @@ def test_where_or_is_refused_the_probe_costs_one_request_and_is_remembered(dangl
     assert (with_or, refused) == (0, 1)  # the probe, refused
     assert by_key == len(known)  # then one request per key
     assert_exact(result, written, server, deleted, updated)
-    assert memory.refuses_filter_or()
+    assert memory.refuses(FILTER_OR_REFUSED)
 
     result, (with_or, refused, by_key), written = run(server, tmp_path / "next", parents, memory)
     assert (with_or, refused, by_key) == (0, 0, 0)  # remembered: not asked again, and
