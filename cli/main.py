@@ -35,6 +35,8 @@ def _sandbox(args: argparse.Namespace) -> int:
         drift_seed=args.drift_seed,
         expand_cap=args.expand_cap,
         refuse_document_expand=args.refuse_document_expand,
+        refuse_filter_or=args.refuse_filter_or,
+        dangling=args.dangling,
     )
     if args.client_secret:
         config.client_secret = args.client_secret
@@ -118,6 +120,19 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         "--refuse-document-expand",
         action="store_true",
         help="answer any $expand naming Documents with 400 InvalidQueryOption",
+    )
+    p.add_argument(
+        "--refuse-filter-or",
+        action="store_true",
+        help="answer any $filter using 'or' with 400 InvalidFilter (the spec does not list it)",
+    )
+    p.add_argument(
+        "--dangling",
+        type=_share,
+        default=0.0,
+        metavar="SHARE",
+        help="share of every riding child set's parent reference naming no record, spread "
+        "through its keys (default 0: only 1%% of claims dangle)",
     )
     p.add_argument(
         "--resolved-references",
@@ -231,6 +246,16 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return int(text)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to below 1, got {text!r}")
+    return value
 
 
 def _add_status(sub: argparse._SubParsersAction) -> None:

@@ -227,7 +227,7 @@ def _packed_read(
         if r in listed_alone:
             r.short = list(parents)
         results[r.entity.name] = meter.charge(
-            r.entity.name, lambda r=r: complete(r, parents, client, say)
+            r.entity.name, lambda r=r: complete(r, parents, client, memory, say)
         )
         results[r.entity.name].reason = r.choice
     for result in results.values():

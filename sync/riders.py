@@ -21,9 +21,11 @@ from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.keys import entity_key, key_text
 from connectors.clinical_records.query import F, Query
+from sync import orphans
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
 from sync.phase import Phase, enter
 from sync.reconcile import Reconciler, Reconciliation
+from sync.service_memory import ServiceMemory
 from sync.strategy import Mode, Plan
 
 DOCUMENTS_BLIND = (
@@ -92,8 +94,11 @@ def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
     return found
 
 
-def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any) -> Extraction:
-    """Everything the parents' pages did not bring, then the rider's batch."""
+def complete(
+    rider: Rider, parents: list[Any], client: ClinicalClient, memory: ServiceMemory, say: Any
+) -> Extraction:
+    """Everything the parents' pages did not bring, then the rider's batch; `memory`: what
+    the service refused before (known orphans come in batches where `or` is accepted)."""
     plan = rider.input.plan
     entity = rider.entity
     enter(Phase.EXTRACT, entity.name)
@@ -134,13 +139,14 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
         not_reached = max(0, reconciler.started_total - rider.reached)
         nulls = client.count(entity, F(remote) == None) if not_reached else 0  # noqa: E711
         new = max(0, not_reached - nulls - len(known))
-        find = orphan_cost(pages, nulls, new) + len(known) + len(rider.short)
+        again = orphans.requests(entity, known, memory)
+        find = orphan_cost(pages, nulls, new) + again + len(rider.short)
         if find < pages:
             rider.choice = (
                 f"with its parents; {nulls} with no parent read by filter, {len(known)} held "
-                f"under a parent not read asked for by key, about {new} new with a missing "
-                f"parent found by key ranges, {len(rider.short)} parents read alone "
-                f"(about {find} requests against {pages} to read it alone)"
+                f"under a parent not read asked for by key in {again} requests, about {new} new "
+                f"with a missing parent found by key ranges, {len(rider.short)} parents read "
+                f"alone (about {find} requests against {pages} to read it alone)"
             )
             rider.take(rider.arrived)
             if nulls:
@@ -164,7 +170,7 @@ def complete(rider: Rider, parents: list[Any], client: ClinicalClient, say: Any)
         rider.take(children)
         new = max(0, new - len(children))  # not reached, but no orphans
     known = [k for k in known if k not in rider.keys]
-    found = list(_by_key(client, entity, known))
+    found = orphans.read_known(client, entity, known, memory, say)
     rider.take(found)
     reconciler.forget(k for k in gone if k not in rider.keys)
     there = {rider.key(r) for r in found}
@@ -193,13 +199,6 @@ def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconcil
     there = {rider.key(r) for r in records}
     rider.take(records)
     reconciler.forget(expected - there)
-
-
-def _by_key(client: ClinicalClient, entity: EntitySet, keys: list[Any]) -> Iterator[dict]:
-    """Each record by its key; one deleted meanwhile (404) is not."""
-    for record in client.by_key(entity, keys):
-        if record is not None:
-            yield record
 
 
 def _all(client: ClinicalClient, entity: EntitySet, condition: Any) -> list[dict]:

@@ -1,5 +1,7 @@
 """What the extraction learnt about the service and keeps across runs: whether it refuses
-to expand Documents (spec 4.2 allows `$expand` but says nothing of contained collections).
+to expand Documents (spec 4.2 allows `$expand` but says nothing of contained collections),
+and whether it refuses `or` in `$filter` (spec 4.2 lists eq, gt, ge, lt, le, and as the
+operators seen; sync/orphans.py).
 
 Learnt once and remembered in the lake (`_service.json`, owner-only), so that a service that
 refuses costs one failed request per `retry_after`, not one per run; after that it is tried
@@ -18,6 +20,7 @@ from warehouse.private import create_private, private_dir
 
 MEMORY_FILE = "_service.json"
 DOCUMENTS_REFUSED = "documents_expand_refused_at"
+FILTER_OR_REFUSED = "filter_or_refused_at"
 
 
 class ServiceMemory:
@@ -38,17 +41,28 @@ class ServiceMemory:
             out.write(json.dumps(values))
         os.replace(tmp, self.path)
 
-    def refuses_documents(self, now: datetime | None = None) -> bool:
-        """Refused within `retry_after`: list documents per patient without asking again."""
-        refused = self._read().get(DOCUMENTS_REFUSED)
+    def refuses(self, what: str, now: datetime | None = None) -> bool:
+        """`what` (DOCUMENTS_REFUSED, FILTER_OR_REFUSED) was refused within `retry_after`:
+        take the fallback without asking again."""
+        refused = self._read().get(what)
         if refused is None:
             return False
         return (now or datetime.now(UTC)) - datetime.fromisoformat(refused) < self.retry_after
 
+    def refuse(self, what: str) -> None:
+        self._write({**self._read(), what: datetime.now(UTC).isoformat()})
+
+    def accepted(self, what: str) -> None:
+        values = self._read()
+        if values.pop(what, None) is not None:
+            self._write(values)
+
+    def refuses_documents(self, now: datetime | None = None) -> bool:
+        """Refused within `retry_after`: list documents per patient without asking again."""
+        return self.refuses(DOCUMENTS_REFUSED, now)
+
     def refuse_documents(self) -> None:
-        self._write({**self._read(), DOCUMENTS_REFUSED: datetime.now(UTC).isoformat()})
+        self.refuse(DOCUMENTS_REFUSED)
 
     def documents_expanded(self) -> None:
-        values = self._read()
-        if values.pop(DOCUMENTS_REFUSED, None) is not None:
-            self._write(values)
+        self.accepted(DOCUMENTS_REFUSED)

@@ -103,3 +103,56 @@ def test_sandbox_command_takes_the_switch() -> None:
         base = env["CLINICAL_API_BASE_URL"] + "/"
         with httpx.Client(base_url=base, headers=headers) as client:
             assert unresolved(client) == []
+
+
+def dangling_of(made: dict[str, list[dict]]) -> dict[str, list]:
+    """Per riding child set, the keys of its records whose parent reference names no record."""
+    out = {}
+    for name, (parent, nav) in cat.RIDES_WITH.items():
+        if name in made:
+            parents = {str(r[parent.key]) for r in made[parent.name]}
+            out[name] = [
+                r["id"]
+                for r in made[name]
+                if r[nav.remote] is not None and str(r[nav.remote]) not in parents
+            ]
+    return out
+
+
+def test_a_dangling_share_of_every_child_set_spread_through_its_keys() -> None:
+    """`dangling` (benchmarks/expansion_cost.py's profile) over resolved data: that share of
+    each riding child set names a missing parent, through its keys; nothing else changes."""
+    resolved = generator.generate(5, 1, resolved=True)
+    made = generator.generate(5, 1, resolved=True, dangling=0.01)
+    for name, keys in dangling_of(made).items():
+        rows = made[name]
+        assert len(keys) == round(len(rows) * 0.01) > 0, name
+        ordered = [r["id"] for r in rows]
+        assert (
+            ordered.index(keys[0]) < len(rows) // 4 < len(rows) * 3 // 4 < ordered.index(keys[-1])
+        ), name  # spread, not bunched at one end
+        changed = {r["id"] for r, s in zip(resolved[name], rows, strict=True) if r != s}
+        assert changed == set(keys)
+    assert all(not keys for keys in dangling_of(resolved).values())
+
+
+@pytest.mark.parametrize("share", ["-0.1", "1", "x"])
+def test_sandbox_command_refuses_a_bad_dangling_share(share: str) -> None:
+    from cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sandbox", "--dangling", share])
+
+
+def test_sandbox_command_takes_the_dangling_share_and_the_or_switch() -> None:
+    with served(
+        "--rate", "0", "--resolved-references", "--dangling", "0.05", "--refuse-filter-or"
+    ) as (
+        env,
+        headers,
+    ):
+        base = env["CLINICAL_API_BASE_URL"] + "/"
+        with httpx.Client(base_url=base, headers=headers) as client:
+            assert {s for s, _, _ in unresolved(client)} >= {"Claims", "InsuranceVerifications"}
+            refused = client.get("Claims", params={"$filter": "id eq 1 or id eq 2"})
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "InvalidFilter"

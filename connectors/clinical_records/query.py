@@ -219,6 +219,14 @@ def all_of(*parts: Expr | None) -> Expr | None:
     return present[0] if len(present) == 1 else Junction("and", present)
 
 
+def any_of(*parts: Expr) -> Expr:
+    """The disjunction of the parts (one part: itself); spec 4.2 does not list `or` among
+    the operators seen, so a caller must be ready for a 400 (sync/orphans.py)."""
+    if not parts:
+        raise QueryError("any_of needs at least one condition")
+    return parts[0] if len(parts) == 1 else Junction("or", tuple(parts))
+
+
 def between(name: str, low: Any = None, high: Any = None, *, past: bool = False) -> Expr | None:
     """`name ge low and name lt high` (`gt low` when `past`); a bound of None is open."""
     return all_of(

@@ -34,6 +34,7 @@ from connectors.sandbox.odata import (
     capped,
     expands_target,
     parse_query,
+    refuse_or,
     run_collection,
     shape,
 )
@@ -81,6 +82,7 @@ class Sandbox(DocumentEndpoints):
                 scale=config.scale if customer.scale is None else customer.scale,
                 resolved_references=config.resolved_references,
                 values=config.values,
+                dangling=config.dangling,
             )
         self.default = self.tokens.customers[0]
         self._current: ContextVar[Customer] = ContextVar("sandbox_customer", default=self.default)
@@ -258,6 +260,8 @@ class Sandbox(DocumentEndpoints):
                 f"$expand of {cat.DOCUMENTS.name} is not supported.",
                 f"List them per patient: /{cat.PATIENTS.name}({{id}})/{cat.DOCUMENTS.name}.",
             )
+        if self.config.refuse_filter_or:
+            refuse_or(query)
         if self.config.expand_cap is not None:
             query = capped(query, self.config.expand_cap)
         return query

@@ -102,6 +102,9 @@ class SandboxConfig:
     # through advance and drift too (store.Store); off: the spec's nulls and dangling claims.
     resolved_references: bool = False
     values: str = "spec"  # a name of VALUE_PROFILES
+    # Share of every riding child set's parent reference that names no record, drawn
+    # uniformly through its keys (generator.dangle); 0: only the spec's dangling claims.
+    dangling: float = 0.0
     # Credentials the sandbox accepts; secrets are fresh per instance unless given.
     client_id: str = "sandbox-client"
     client_secret: str = field(default_factory=lambda: _secret("secret"))
@@ -139,6 +142,10 @@ class SandboxConfig:
     # names Documents with the spec's 400, so a client's fallback to per-patient listing runs.
     expand_cap: int | None = None
     refuse_document_expand: bool = False
+    # `or` in `$filter` (the spec lists eq, gt, ge, lt, le and `and` as the operators seen):
+    # refused with the spec's 400 InvalidFilter when set, so a client's probe and its
+    # fallback to one request per key run; `in` is refused always (not parsed).
+    refuse_filter_or: bool = False
     # Several customers on one server, each with its own credentials, data and limit; empty:
     # the one customer above (`customer`, `client_id`, `client_secret`, `api_key`).
     customers: list[Customer] = field(default_factory=list)
@@ -161,10 +168,13 @@ class SandboxConfig:
         "drift_script",
         "expand_cap",
         "refuse_document_expand",
+        "refuse_filter_or",
     )
 
     def __post_init__(self) -> None:
         checked_values(self.values)
+        if not 0 <= self.dangling < 1:
+            raise ValueError(f"dangling must be a share from 0 to below 1, got {self.dangling!r}")
         self.update(drift_script=self.drift_script)
 
     def served(self) -> list[Customer]:

@@ -13,7 +13,7 @@ from connectors.clinical_records import catalogue as cat
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import FaultInjector
-from connectors.sandbox.odata import parse_query, run_collection
+from connectors.sandbox.odata import parse_query, refuse_or, run_collection
 from connectors.sandbox.responses import base_url, envelope, json_response
 from connectors.sandbox.routes import Resource, parse_key, query_options
 from connectors.sandbox.store import Store
@@ -51,6 +51,8 @@ class DocumentEndpoints:
         if request.method == "POST":
             return await self._upload(request, patient_id)
         query = parse_query(query_options(request), cat.DOCUMENTS)
+        if self.config.refuse_filter_or:
+            refuse_or(query)
         if query.expand:
             raise invalid_query("Documents have no navigation properties to expand.")
         if self.faults.should_drift():

@@ -162,9 +162,15 @@ def first_id(entity: EntitySet) -> int:
 
 
 def generate(
-    seed: int, scale: float, now: datetime = EPOCH, resolved: bool = False, values: str = "spec"
+    seed: int,
+    scale: float,
+    now: datetime = EPOCH,
+    resolved: bool = False,
+    values: str = "spec",
+    dangling: float = 0.0,
 ) -> dict[str, list[dict]]:
-    """Every entity set, sorted by key, reproducible from (seed, scale, resolved, values)."""
+    """Every entity set, sorted by key, reproducible from (seed, scale, resolved, values,
+    dangling)."""
     made: dict[str, list[dict]] = {}
     for entity in generation_order():
         rng = np.random.default_rng([seed, cat.ENTITY_SETS.index(entity)])
@@ -180,4 +186,35 @@ def generate(
         )
         rows.sort(key=lambda r, k=entity.key: r[k])
         made[entity.name] = rows
+    if dangling:
+        dangle(made, seed, dangling)
     return {e.name: made[e.name] for e in cat.ENTITY_SETS}
+
+
+def dangle(made: dict[str, list[dict]], seed: int, share: float) -> None:
+    """`share` of every riding child set's parent reference (`RIDES_WITH`) made to name a
+    parent that does not exist, on rows drawn uniformly, so they spread through the child's
+    keys as real data's do (a profile of `benchmarks/expansion_cost.py`). A stream of its
+    own: every other value stays what the seed made."""
+    for name, (parent, nav) in sorted(cat.RIDES_WITH.items()):
+        if name not in made:  # contained (Documents): kept by patient, not generated
+            continue
+        rows = made[name]
+        rng = np.random.default_rng([seed, 77, cat.ENTITY_SETS.index(cat.BY_NAME[name])])
+        picks = rng.choice(len(rows), round(len(rows) * share), replace=False).tolist()
+        kind = cat.BY_NAME[name].field(nav.remote).type
+        missing = _missing_keys({r[parent.key] for r in made[parent.name]}, kind, len(picks))
+        for i, key in zip(sorted(picks), missing, strict=True):
+            rows[i][nav.remote] = key
+
+
+def _missing_keys(existing: set, kind: Edm, n: int) -> list:
+    """`n` references of `kind` (a number, or its text) that name no key of `existing`."""
+    texts = {str(k) for k in existing}
+    out: list = []
+    candidate = 2_000_000_000  # within Int32, far above every generated key
+    while len(out) < n:
+        if str(candidate) not in texts:
+            out.append(str(candidate) if kind is Edm.STRING else candidate)
+        candidate -= 1
+    return out

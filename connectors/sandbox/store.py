@@ -140,6 +140,7 @@ class Store:
         now: datetime | None = None,
         resolved_references: bool = False,
         values: str = "spec",
+        dangling: float = 0.0,
     ) -> None:
         self.seed = seed
         self.scale = scale
@@ -154,7 +155,12 @@ class Store:
         self.tables: dict[str, Table] = {
             name: Table(cat.BY_NAME[name], rows)
             for name, rows in generator.generate(
-                seed, scale, self.now, resolved=resolved_references, values=values
+                seed,
+                scale,
+                self.now,
+                resolved=resolved_references,
+                values=values,
+                dangling=dangling,
             ).items()
         }
         self.documents = (

@@ -7,7 +7,14 @@ record. Every refusal is an `ODataError` (400) in the spec's error body.
 
 from connectors.sandbox.odata.execute import Page, Related, TableView, run_collection, shape
 from connectors.sandbox.odata.filter import Expr, parse_filter
-from connectors.sandbox.odata.options import Expand, Query, capped, expands_target, parse_query
+from connectors.sandbox.odata.options import (
+    Expand,
+    Query,
+    capped,
+    expands_target,
+    parse_query,
+    refuse_or,
+)
 
 __all__ = [
     "Expand",
@@ -20,6 +27,7 @@ __all__ = [
     "expands_target",
     "parse_filter",
     "parse_query",
+    "refuse_or",
     "run_collection",
     "shape",
 ]

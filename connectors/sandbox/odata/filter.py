@@ -599,6 +599,19 @@ class Expr:
     def __call__(self, record: dict) -> bool:
         return self.predicate(record)
 
+    def uses_or(self) -> bool:
+        """Whether an `or` appears anywhere in it (SandboxConfig.refuse_filter_or)."""
+        pending = [self.condition]
+        while pending:
+            condition = pending.pop()
+            if isinstance(condition, Junction):
+                if condition.op == "or":
+                    return True
+                pending.extend(condition.parts)
+            elif isinstance(condition, Not):
+                pending.append(condition.operand)
+        return False
+
     def conjuncts(self) -> tuple[Condition, ...]:
         """The top-level `and` parts: each must hold for a record to match."""
         return tuple(_flatten_and(self.condition))

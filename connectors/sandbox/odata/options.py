@@ -16,7 +16,7 @@ from connectors.clinical_records.catalogue import (
     EntitySet,
     Navigation,
 )
-from connectors.sandbox.errors import invalid_query
+from connectors.sandbox.errors import invalid_filter, invalid_query
 from connectors.sandbox.odata.filter import Expr, parse_filter
 
 
@@ -198,6 +198,25 @@ def expands_target(query: Query, target: str) -> bool:
         item.navigation.target == target or expands_target(item.query, target)
         for item in query.expand
     )
+
+
+def refuse_or(query: Query) -> None:
+    """The spec's 400 for a `$filter`, at any depth of `$expand`, that uses `or`
+    (SandboxConfig.refuse_filter_or: the spec lists eq, gt, ge, lt, le and `and`)."""
+    if where := _disjunction(query, "$filter"):
+        raise invalid_filter(
+            "The operator 'or' is not supported in $filter.",
+            f"{where} uses 'or'; supported operators: eq, gt, ge, lt, le, and.",
+        )
+
+
+def _disjunction(query: Query, where: str) -> str:
+    if query.filter is not None and query.filter.uses_or():
+        return where
+    for item in query.expand:
+        if found := _disjunction(item.query, f"The $filter of $expand={item.navigation.name}"):
+            return found
+    return ""
 
 
 def _nested_options(text: str) -> dict[str, str]:
