@@ -17,6 +17,7 @@ from typing import TextIO
 import duckdb
 
 from pipelines import home
+from warehouse.connection import open_read_only
 
 PROMPT, MORE = "sql> ", "...> "
 QUIT = {".quit", ".exit", "\\q", "quit", "exit"}
@@ -28,7 +29,7 @@ class QueryError(Exception):
 
 
 def connect(path: Path) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(str(path), read_only=True)
+    con = open_read_only(path)
     con.execute("SET TimeZone = 'UTC'")
     return con
 

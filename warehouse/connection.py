@@ -18,6 +18,7 @@ from warehouse.errors import WarehouseLocked
 from warehouse.private import private_dir
 
 LOCK_WORDS = ("could not set lock", "conflicting lock")
+OPEN_ATTEMPTS = 5  # read-only opens that met a publication's rename, before the error stands
 
 # DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
 # data; under this cap it spills to `<file>.tmp` (private) instead and memory stays flat.
@@ -89,7 +90,11 @@ def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duck
     deadline = time.monotonic() + wait
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only, config=config)
+            con = (
+                open_read_only(path)
+                if read_only
+                else duckdb.connect(str(path), read_only=False, config=config)
+            )
             con.execute("SET TimeZone = 'UTC'")
             con.execute(f"SET memory_limit = '{limit}'")
             con.execute("SET preserve_insertion_order = false")
@@ -100,6 +105,20 @@ def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duck
             if time.monotonic() >= deadline:
                 raise _locked(path, str(exc), wait) from None
             time.sleep(0.2)
+
+
+def open_read_only(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection on a published warehouse. DuckDB opens the file by its path
+    more than once while it connects (three times in 1.x, seen with strace), so a publication
+    renaming the next night over it between two of those opens can make it read one file's
+    header and the other's blocks: a SerializationException (seen once in a loaded test run).
+    Either file is whole, so opening again a moment later succeeds."""
+    for attempt in range(1, OPEN_ATTEMPTS):
+        try:
+            return duckdb.connect(str(path), read_only=True)
+        except duckdb.SerializationException:
+            time.sleep(0.05 * attempt)
+    return duckdb.connect(str(path), read_only=True)  # the last attempt's error stands
 
 
 class Transaction:

@@ -2,7 +2,8 @@
 
 Readers are separate processes on the published WAREHOUSE_PATH, as a notebook or a BI tool
 would be: one holds a read-only connection through two syncs, one opens a new connection
-for every read. Both read the claims count in a loop and write down what they saw.
+for every read, as `clinical-sync sql` does (`warehouse.connection.open_read_only`: an open
+that meets the instant of a publication is tried again). Both read the claims count in a loop and write down what they saw.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.reliability
 
 READER = """
 import sys, time, duckdb
+from warehouse.connection import open_read_only
 path, log, stop, held = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "held"
 SQL = "SELECT count(*) FROM clinical.claims"
 con = duckdb.connect(path, read_only=True) if held else None
@@ -34,7 +36,7 @@ with open(log, "w") as out:
             if held:
                 (n,) = con.execute(SQL).fetchone()
             else:
-                with duckdb.connect(path, read_only=True) as fresh:
+                with open_read_only(path) as fresh:  # as clinical-sync sql opens it
                     (n,) = fresh.execute(SQL).fetchone()
             out.write(f"{n}\\n")
         except Exception as error:  # every failure is written down, none ends the loop
