@@ -81,12 +81,11 @@ DECIMAL_FITS_RE = (
 DATE_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 # RFC 3339 and ISO 8601 extended, after `_uniform` (T, Z, a point before the fraction).
 OFFSET = r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)"
-DATETIME_RE = (
-    rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[T ][0-9]{{2}}:[0-9]{{2}}(:[0-9]{{2}}(\.[0-9]+)?)?{OFFSET}$"
-)
-NO_OFFSET_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?$"
-_PLAIN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
-PLAIN_DATETIME_RE = _PLAIN  # the common shape, cast at once
+_DATETIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?"
+DATETIME_RE = _DATETIME + OFFSET + "$"
+NO_OFFSET_RE = _DATETIME + "$"
+# The common shape, cast at once.
+PLAIN_DATETIME_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
 FINER_RE = r"\.[0-9]{6}0*[1-9]"  # a digit past the microsecond that is not zero
 TIME_RE = r"^(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]|24:00:00)$"  # 24:00:00: end of day
 

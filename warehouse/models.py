@@ -95,9 +95,9 @@ def refresh(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> dict[str,
     rows: dict[str, int] = {}
     for model in found:
         target = qualified(ANALYTICS, model.name)
-        con.execute(f"CREATE OR REPLACE TABLE {target} AS\n{model.sql}")
+        built = con.execute(f"CREATE OR REPLACE TABLE {target} AS\n{model.sql}").fetchone()
+        (rows[model.name],) = built  # CREATE TABLE AS answers with the rows it wrote
         con.execute(f"COMMENT ON TABLE {target} IS {literal(model.description)}")
-        (rows[model.name],) = con.execute(f"SELECT count(*) FROM {target}").fetchone()
     ops.record_models(con, [(m.name, m.fingerprint, rows[m.name]) for m in found])
     return rows
 

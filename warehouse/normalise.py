@@ -257,7 +257,11 @@ def _normalise(entity: EntitySet, records: Sequence[object]) -> NormalisedBatch:
         key_errors.append((entity.key, bool_mask(pc.equal(key, "")), "empty: names no record"))
     for fld in entity.fields:
         if fld.required:
-            sent = np.array([r.get(fld.name) is not None for r in objects], dtype=bool)
+            # Sent: not null as read, or nulled there for being of the wrong kind (noted).
+            sent = bool_mask(raw[fld.name].is_valid())
+            for name, mask, _ in (*key_errors, *unfit):
+                if name == fld.name:
+                    sent |= mask
             (key_errors if fld.name == entity.key else warnings).append(
                 (fld.name, ~sent, "missing (required)")
             )

@@ -50,9 +50,9 @@ def rebuild(
             wh.check_source(source["base_url"], source["customer"])
         for ent in entities:
             total = LoadResult()
-            for run_id, group in groupby(lake.files(ent), key=lambda p: Lake.info(p).run_id):
-                files = list(group)
-                infos = [Lake.info(p) for p in files]
+            listed = [(p, Lake.info(p)) for p in lake.files(ent)]
+            for run_id, group in groupby(listed, key=lambda pair: pair[1].run_id):
+                files, infos = map(list, zip(*group, strict=True))
                 total += wh.load(
                     ent,
                     files,
@@ -62,7 +62,7 @@ def rebuild(
                 )
                 runs.setdefault(run_id, set()).add(ent.name)
             results[ent.name] = total
-            if _under_an_older_rule([Lake.info(p) for p in lake.files(ent)]):
+            if _under_an_older_rule([info for _, info in listed]):
                 older.append(ent.name)
         read_whole_next(
             wh.con, older, f"rebuilt from lake batches of an older format; {RETYPED_WHY}"
