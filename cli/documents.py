@@ -157,7 +157,7 @@ def delete(args: argparse.Namespace) -> int:
 def sync(args: argparse.Namespace) -> int:
     """The documents' part of the sync through Dagster, as the `documents_sync` job runs it."""
     from cli import log as cli_log
-    from cli.commands import format_table
+    from cli.commands import alert_lines, format_table
     from pipelines import home
     from pipelines.runner import sync_documents
 
@@ -179,10 +179,9 @@ def sync(args: argparse.Namespace) -> int:
     print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))
     print(f"run {run.run_id}")
     if run.verdict is not None and not run.verdict.exact:
-        alert = [f"  alert: {run.alert}"] if run.alert else []
         checks = [c.name for e in run.verdict.not_exact for c in e.failed]
         text = f"run {run.run_id[:8]} is NOT EXACT: failed {', '.join(checks)}"
-        return _fail(exit_codes.NOT_EXACT, "\n".join([text, *alert]))
+        return _fail(exit_codes.NOT_EXACT, "\n".join([text, *alert_lines(run.alert)]))
     return 0
 
 

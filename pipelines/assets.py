@@ -84,7 +84,7 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode, Options, Plan, plan
-from warehouse import ops, quality
+from warehouse import ops
 from warehouse.ddl import ANALYTICS
 from warehouse.load import LoadResult, SetResult, Warehouse
 from warehouse.models import Model, models
@@ -345,11 +345,10 @@ def build_load_asset(
             )
             if needs_whole(entity):
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
-            rows = quality.live_rows(wh.con, entity)
             ended = SetResult(
                 entity.name,
                 extraction.mode.value,
-                rows,
+                count.live,
                 extraction.reconciliation.unreconciled,
                 failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
                 warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),

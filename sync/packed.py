@@ -46,7 +46,7 @@ from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler
 from sync.riders import Rider, SetInput, complete
-from sync.service_memory import ServiceMemory
+from sync.service_memory import DOCUMENTS_REFUSED, ServiceMemory
 from sync.strategy import Mode, Plan
 from warehouse.lake import Lake
 
@@ -159,7 +159,9 @@ def _packed_read(
         if root_input.plan.moves_watermark:
             root_reconciler = Reconciler(root, client, take=root_writer.add, held=root_input.held)
     riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in riding]
-    listed_alone = [r for r in riders if r.entity is DOCUMENTS and memory.refuses_documents()]
+    listed_alone = [
+        r for r in riders if r.entity is DOCUMENTS and memory.refuses(DOCUMENTS_REFUSED)
+    ]
     if listed_alone:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
     expanded = [r for r in riders if r not in listed_alone]
@@ -201,7 +203,7 @@ def _packed_read(
     except BadRequest as refused:
         if not any(r.entity is DOCUMENTS for r in expanded) or parents:
             raise
-        memory.refuse_documents()
+        memory.refuse(DOCUMENTS_REFUSED)
         say.warning(
             f"{DOCUMENTS.name}: the service refused $expand of them ({refused.status}); they "
             f"are listed per patient, one request each, until it is tried again"
@@ -211,7 +213,7 @@ def _packed_read(
         meter.charge(carrier, lambda: read(expanded))
     progress.finish(root.name)
     if any(r.entity is DOCUMENTS for r in expanded):
-        memory.documents_expanded()
+        memory.accepted(DOCUMENTS_REFUSED)
 
     results: dict[str, Extraction] = {}
     if root_input is not None:

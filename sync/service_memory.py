@@ -56,13 +56,3 @@ class ServiceMemory:
         values = self._read()
         if values.pop(what, None) is not None:
             self._write(values)
-
-    def refuses_documents(self, now: datetime | None = None) -> bool:
-        """Refused within `retry_after`: list documents per patient without asking again."""
-        return self.refuses(DOCUMENTS_REFUSED, now)
-
-    def refuse_documents(self) -> None:
-        self.refuse(DOCUMENTS_REFUSED)
-
-    def documents_expanded(self) -> None:
-        self.accepted(DOCUMENTS_REFUSED)

@@ -31,7 +31,7 @@ from sync import orphans
 from sync.packed import extract_family
 from sync.progress import Progress
 from sync.riders import SetInput
-from sync.service_memory import FILTER_OR_REFUSED, ServiceMemory
+from sync.service_memory import DOCUMENTS_REFUSED, FILTER_OR_REFUSED, ServiceMemory
 from sync.strategy import Mode, Plan
 from tests.connector_helpers import settings_for
 from warehouse.lake import Lake
@@ -91,7 +91,7 @@ def test_the_refusal_is_remembered_until_retry_after_and_cleared_by_an_answer(tm
     again = ServiceMemory(tmp_path, retry_after=WEEK)  # the next run reads it back
     assert again.refuses(FILTER_OR_REFUSED)
     assert not again.refuses(FILTER_OR_REFUSED, now=datetime.now(UTC) + WEEK + timedelta(seconds=1))
-    assert not again.refuses_documents()  # each refusal its own
+    assert not again.refuses(DOCUMENTS_REFUSED)  # each refusal its own
     again.accepted(FILTER_OR_REFUSED)
     assert not ServiceMemory(tmp_path, retry_after=WEEK).refuses(FILTER_OR_REFUSED)
 
