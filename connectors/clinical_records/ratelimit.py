@@ -153,11 +153,16 @@ class SharedStateStore(StateStore):
 class _HeldRow:
     """`Held` over a cursor and a key, for both stores' SQL."""
 
-    def __init__(self, cursor, key: str, now_ms: int, table: str, mark: str) -> None:
+    def __init__(
+        self, cursor, key: str, now_ms: int, table: str, mark: str, state: str | None = None
+    ) -> None:
         self.cursor, self.key, self.now_ms = cursor, key, now_ms
         self._table, self._mark = table, mark
+        self._state = state  # read already, with the lock that holds the row
 
     def load(self) -> str:
+        if self._state is not None:
+            return self._state
         self.cursor.execute(
             f"SELECT state FROM {self._table} WHERE key = {self._mark}", (self.key,)
         )
@@ -245,10 +250,16 @@ class PostgresStateStore(SharedStateStore):
             self._conn = self._connect()  # the session ended (a server restart): a new one
         cursor = self._conn.cursor()
         try:
-            cursor.execute(f"SELECT 1 FROM {POSTGRES_TABLE} WHERE key = %s FOR UPDATE", (self.key,))
+            # The row locked and read in one round trip, then the clock: read after the lock,
+            # so no other host's later transition is older than this one's moment.
+            cursor.execute(
+                f"SELECT state FROM {POSTGRES_TABLE} WHERE key = %s FOR UPDATE", (self.key,)
+            )
+            row = cursor.fetchone()
             cursor.execute("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
             (now_ms,) = cursor.fetchone()
-            yield _HeldRow(cursor, self.key, int(now_ms), POSTGRES_TABLE, "%s")
+            state = row[0] if row else ""
+            yield _HeldRow(cursor, self.key, int(now_ms), POSTGRES_TABLE, "%s", state)
             self._conn.commit()
         except BaseException:
             if not self._conn.closed:
