@@ -169,14 +169,14 @@ def resources_from_env(
     """Resources for an in-process run; the environment (or the tenant's) is validated first
     (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
     check_configuration(env, tenant)
-    settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
-    places: dict[str, object] = {
-        "clinical_api": ClinicalApiResource.from_settings(settings),
-        "lake": LakeResource(root=str(lake_root)),
-        "warehouse": WarehouseResource(path=str(warehouse_path)),
-    }
     if tenant is not None:
         places = tenant_resources(tenant.file)
+    else:
+        places = {
+            "clinical_api": ClinicalApiResource.from_settings(Settings.from_env(env)),
+            "lake": LakeResource(root=str(lake_root)),
+            "warehouse": WarehouseResource(path=str(warehouse_path)),
+        }
     return {
         **places,
         "sync_options": SyncOptionsResource(
