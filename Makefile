@@ -30,10 +30,13 @@ postgresql:
 		|| ($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) \
 		|| echo "make: PostgreSQL could not be installed; its tests will skip (CI fails them)" >&2
 
+# The suite on TEST_WORKERS processes (default: one per core, `nproc`), each test file whole on one
+# of them (its module fixtures built once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(STAMP) postgresql
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -m "not ui"
+	$(BIN)/python -m pytest -m "not ui" -n $(TEST_WORKERS) --dist loadfile
 
 # The Dagster UI in a real browser: Debian's chromium driven by playwright (the `ui` extra),
 # both installed here when missing; screenshots in artefacts/ui/.
