@@ -69,7 +69,7 @@ class ChildrenByReference:
                 follow(refs[middle], high, middle, j, self._count(ref, refs[middle], high, found))
             else:
                 follow(refs[middle], high, middle, j, count - lower)
-        self.ledger.found(len(found))
+        self.ledger.count_inserted(len(found))
         return found
 
     def _count(self, ref: str, low: Any, high: Any, found: list[dict]) -> int | None:

@@ -18,14 +18,14 @@ Records = list[dict]
 
 
 class Ledger:
-    """Keys the warehouse will hold for one set after the run. `take` receives every record
-    re-read, to be written with the batch; `watchers` are told of every record seen (read or
+    """Keys the warehouse will hold for one set after the run. `to_batch` receives every
+    record re-read, to be written with the batch; `watchers` are told of every record seen (read or
     re-read), to note what they need of it (a version, a parent)."""
 
     def __init__(
-        self, entity: EntitySet, take: Callable[[Records], None], held: Iterable[Any] = ()
+        self, entity: EntitySet, to_batch: Callable[[Records], None], held: Iterable[Any] = ()
     ) -> None:
-        self.entity, self.take = entity, take
+        self.entity, self.to_batch = entity, to_batch
         self.held: set[Any] = set(held)
         self.gone: set[Any] = set()
         self.unkeyed = 0  # records without a usable key: counted by the source, not rangeable
@@ -61,7 +61,7 @@ class Ledger:
                 self.held.add(key)
         self._tell(records)
 
-    def settle(self, held_here: list[Any], records: Records, *, cell: bool = False) -> None:
+    def settle_range(self, held_here: list[Any], records: Records, *, cell: bool = False) -> None:
         """`records` are a key range as it stands: held keys missing from it are gone, or,
         in a `cell`, suspects: they may have moved to another parent unseen (`confirm`)."""
         there = {k for k in map(self.key, records) if k is not None}
@@ -75,18 +75,18 @@ class Ledger:
         self.gone.difference_update(there)
         self.held.update(there)
         self.inserted += len(new)
-        self.give(records)
+        self.add_to_batch(records)
 
-    def caught(self, changed: Records) -> None:
+    def rewritten(self, changed: Records) -> None:
         """Records written since the change mark, whose version differs from the one held."""
         for record in changed:
             key = self.key(record)
             self.held.add(key)
             self.gone.discard(key)
         self.caught_up += len(changed)
-        self.give(changed)
+        self.add_to_batch(changed)
 
-    def found(self, count: int) -> None:
+    def count_inserted(self, count: int) -> None:
         """Records a search found that no read brought (the caller takes them)."""
         self.inserted += count
 
@@ -107,13 +107,13 @@ class Ledger:
         self.gone.update(key for key, record in zip(keys, found, strict=True) if record is None)
         self.held.difference_update(self.gone)
         self.gone.difference_update(self.key(record) for record in moved)
-        self.give(moved)
+        self.add_to_batch(moved)
 
-    def give(self, records: Records) -> None:
+    def add_to_batch(self, records: Records) -> None:
         """Records re-read, to be written with the batch."""
         self._tell(records)
         if records:
-            self.take(records)
+            self.to_batch(records)
 
     def deleted_keys(self) -> list[str]:
         """Keys read, then found gone at the source, as text (the lake's form)."""

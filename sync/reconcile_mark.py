@@ -174,16 +174,16 @@ class ChangeMark:
         newest = envelope["value"]
         held = self.ledger.held
         if len(newest) >= total:  # the whole set, at one moment
-            self.ledger.settle(sorted(held), newest)
+            self.ledger.settle_range(sorted(held), newest)
         elif (lowest := self.ledger.key(newest[-1]) if newest else None) is not None:
-            self.ledger.settle(sorted(k for k in held if k >= lowest), newest)
+            self.ledger.settle_range(sorted(k for k in held if k >= lowest), newest)
         return total
 
     def _reread(self, records: list[dict]) -> list[dict]:
         """Records written since the mark: those whose version differs from the one held
         (or not held at all) go into the batch; returned."""
         changed = [r for r in records if self._differs(r)]
-        self.ledger.caught(changed)
+        self.ledger.rewritten(changed)
         return changed
 
     def _differs(self, record: dict) -> bool:

@@ -163,7 +163,7 @@ class KeyRanges:
         """The span read to its end, every held key of it settled."""
         first = self._range_page(span)
         records = read_on(self.source, self.ledger, first["value"], span)
-        self.ledger.settle(span.keys, records, cell=span.where is not None)
+        self.ledger.settle_range(span.keys, records, cell=span.where is not None)
 
     def _count(self, span: Span) -> None:
         """One request: the span's count, and its first page."""
@@ -176,13 +176,13 @@ class KeyRanges:
         first = span.first or []
         cell = span.where is not None
         if len(first) >= span.count:  # the whole span came back
-            self.ledger.settle(span.keys, first, cell=cell)
+            self.ledger.settle_range(span.keys, first, cell=cell)
             return None
         last = self.ledger.key(first[-1])
         if last is None:  # nothing to settle by: the span stands as counted
             return replace(span, first=None)
         upto = bisect_right(span.keys, last)
-        self.ledger.settle(span.keys[:upto], first, cell=cell)
+        self.ledger.settle_range(span.keys[:upto], first, cell=cell)
         rest = span.count - len(first)
         return replace(span, low=last, keys=span.keys[upto:], count=rest, first=None, past=True)
 

@@ -15,7 +15,7 @@ def ledger_of(held: set[int]) -> tuple[Ledger, list[dict]]:
 
 def test_a_range_as_it_stands_settles_its_held_keys():
     ledger, taken = ledger_of({1, 2, 3, 4})
-    ledger.settle([2, 3, 4], [numbered(2), numbered(4), numbered(5)])
+    ledger.settle_range([2, 3, 4], [numbered(2), numbered(4), numbered(5)])
     assert ledger.held == {1, 2, 4, 5}
     assert ledger.deleted_keys() == ["3"] and ledger.deleted == 1
     assert ledger.inserted == 1  # 5: there, not held
@@ -28,7 +28,7 @@ def test_a_key_found_again_is_no_longer_deleted():
     ledger, _ = ledger_of({1, 2})
     ledger.forget([2])
     assert ledger.deleted == 1 and 2 not in ledger.held
-    ledger.settle([1], [numbered(1), numbered(2)])
+    ledger.settle_range([1], [numbered(1), numbered(2)])
     assert ledger.deleted == 0 and ledger.held == {1, 2}
 
 
@@ -36,7 +36,7 @@ def test_keys_missing_from_a_cell_are_suspects_until_asked_by_key():
     """A cell is one parent's records: a key missing from it may have moved to another
     parent. Asked by key: one gone (404) is deleted, one that moved is taken as it is now."""
     ledger, taken = ledger_of({1, 2, 3})
-    ledger.settle([1, 2, 3], [numbered(1, branch_id=7)], cell=True)
+    ledger.settle_range([1, 2, 3], [numbered(1, branch_id=7)], cell=True)
     assert ledger.held == {1, 2, 3} and ledger.deleted == 0  # not yet: only suspected
     source = MemorySource(PRESCRIPTIONS, [numbered(1), numbered(3, branch_id=8)])
     ledger.confirm(source)
@@ -56,7 +56,7 @@ def test_records_without_a_key_count_but_cannot_be_ranged():
 def test_a_record_caught_up_is_held_again_and_counted():
     ledger, taken = ledger_of({1})
     ledger.forget([1])
-    ledger.caught([numbered(1), numbered(9)])
+    ledger.rewritten([numbered(1), numbered(9)])
     assert ledger.held == {1, 9} and ledger.deleted == 0 and ledger.caught_up == 2
     assert keys_of(taken) == {1, 9}
 
@@ -66,6 +66,6 @@ def test_watchers_see_every_record_read_or_re_read():
     seen: list[int] = []
     ledger.watchers.append(lambda records: seen.extend(r["id"] for r in records))
     ledger.read([numbered(1)])
-    ledger.settle([], [numbered(2)])
-    ledger.give([])
+    ledger.settle_range([], [numbered(2)])
+    ledger.add_to_batch([])
     assert seen == [1, 2]
