@@ -43,14 +43,14 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
+from connectors.clinical_records.catalogue import PAGE_SIZE, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.keys import entity_key
 from sync.phase import Phase, enter
 from sync.reconcile_cells import ParentCells
 from sync.reconcile_children import ChildrenByReference
 from sync.reconcile_ledger import Ledger
-from sync.reconcile_mark import ChangeMark
+from sync.reconcile_mark import ChangeMark, blind_spot
 from sync.reconcile_ranges import KeyRanges, search_cost
 from sync.reconcile_ranges import Span as Span  # callers import it from here
 from sync.reconcile_source import ClientSource, Source
@@ -116,22 +116,6 @@ class Stop(Enum):
     NOTHING_FOUND = "narrowing found nothing, rounds in a row"
 
 
-def _blind(entity: EntitySet) -> str:
-    if entity.sees_updates and entity.field("updated_at").type is Edm.DATE:
-        return (
-            "updated_at is a date: a second write on the same day to a record, landing on a "
-            "page the last read of that day had passed, is seen by the next run"
-        )
-    if entity.sees_updates:
-        return ""
-    if entity.change_cursor:
-        return "no updated_at: an update during the run is seen by the next snapshot"
-    return (
-        "no change cursor: updates, and an insert and a delete in one key range, "
-        "are seen by the next snapshot"
-    )
-
-
 class Reconciler:
     """Reconciles one extraction: `begin` before the read, `read` each page, `finish` after.
 
@@ -149,7 +133,8 @@ class Reconciler:
         source: Source | None = None,
     ) -> None:
         if source is None:
-            assert client is not None, "a client or a source to ask"
+            if client is None:
+                raise TypeError("Reconciler needs a client or a source to ask")
             source = ClientSource(client, entity)
         self.entity, self.source = entity, source
         self.ledger = Ledger(entity, take, held)
@@ -184,7 +169,7 @@ class Reconciler:
             residual=self.residual,
             stale=self.stale,
             unconfirmed=self.unconfirmed,
-            blind=_blind(self.entity),
+            blind=blind_spot(self.entity),
             parent_counts_refused=self.cells.refused,
         )
 

@@ -96,6 +96,10 @@ class Ledger:
         self.held.difference_update(gone)
         self.gone.update(gone)
 
+    def suspect(self, keys: Iterable[Any]) -> None:
+        """Held keys a read should have brought and did not: asked for by key (`confirm`)."""
+        self.suspects.extend(keys)
+
     def confirm(self, source: Source) -> None:
         """The suspects, each asked for by key: gone (404), or moved to another parent
         unseen, then taken as they are now."""

@@ -52,6 +52,23 @@ def cursor_instant(entity: EntitySet, value: Any) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def blind_spot(entity: EntitySet) -> str:
+    """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
+    if entity.sees_updates and entity.field("updated_at").type is Edm.DATE:
+        return (
+            "updated_at is a date: a second write on the same day to a record, landing on a "
+            "page the last read of that day had passed, is seen by the next run"
+        )
+    if entity.sees_updates:
+        return ""
+    if entity.change_cursor:
+        return "no updated_at: an update during the run is seen by the next snapshot"
+    return (
+        "no change cursor: updates, and an insert and a delete in one key range, "
+        "are seen by the next snapshot"
+    )
+
+
 def fingerprint(record: dict) -> int:
     """One version of a record, to tell it from another (annotations aside)."""
     fields = {k: v for k, v in record.items() if not k.startswith("@")}
@@ -144,7 +161,7 @@ class ChangeMark:
         self._reread(records)
         there = {self.ledger.key(r) for r in records}
         held = self.ledger.held
-        self.ledger.suspects.extend(k for k in self.window if k in held and k not in there)
+        self.ledger.suspect(k for k in self.window if k in held and k not in there)
         self.ledger.confirm(self.source)
         self.window_read = True
         self.move(self.probed)
