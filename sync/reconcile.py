@@ -254,14 +254,19 @@ class Reconciler:
         if stop is Stop.WINDOW_UNREAD:
             self.stale = max(1, self.mark.unverified)
         if stop is not Stop.AGREES or unconfirmed:
-            log.warning(
-                WARNINGS[stop],
-                {**vars(self), "name": self.entity.name, "requests": self.source.requests},
-            )
+            figures = {
+                "name": self.entity.name,
+                "budget": self.budget,
+                "requests": self.source.requests,
+                "residual": self.residual,
+                "stale": self.stale,
+                "unconfirmed": unconfirmed,
+            }
+            log.warning(WARNINGS[stop], figures)
         return self.result
 
 
-# What each stop leaves unreconciled, for an operator (`Reconciler` fields by name).
+# What each stop leaves unreconciled, for an operator (`_report`'s figures by name).
 WARNINGS = {
     Stop.WINDOW_UNREAD: "%(name)s: more was written since the run's mark than one request "
     "shows, and the budget (%(budget)d requests) ran out before it could be read again: at "
