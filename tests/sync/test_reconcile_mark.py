@@ -3,6 +3,8 @@ look at a set comes after every other request to it. Against an in-memory source
 
 from __future__ import annotations
 
+import logging
+
 from connectors.clinical_records.catalogue import APPOINTMENTS, BRANCHES, CLAIMS, PHYSICIANS
 from connectors.clinical_records.paging import COUNT
 from sync.reconcile import Reconciler
@@ -103,14 +105,16 @@ def test_an_insert_while_the_window_is_read_again_is_seen_by_the_final_look():
     assert source.sent[-1].count  # still a look, after every read
 
 
-def test_a_window_the_budget_leaves_unread_is_reported_stale():
+def test_a_window_the_budget_leaves_unread_is_reported_stale(caplog):
     """Two requests cannot read the window again: what it holds is left unverified, and
     said (at least one record), not passed over as exact."""
     source = MemorySource(CLAIMS, a_day_of_claims(), small=ONE_BRANCH)
     reconciler = Reconciler(CLAIMS, take=lambda records: None, source=source)
     reconciler.begin()
     read_through(reconciler, source)
-    result = reconciler.finish(budget=2)
+    with caplog.at_level(logging.WARNING):
+        result = reconciler.finish(budget=2)
+    assert "budget (2 requests) ran out" in caplog.text and "at least 1 records" in caplog.text
     assert not result.exact and result.stale == 1 and result.requests == 3  # mark, probe, count
 
 

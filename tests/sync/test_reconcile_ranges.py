@@ -4,6 +4,7 @@ in-memory source: a set keyed by number, with no change cursor and no parent to 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -61,10 +62,12 @@ def test_an_insert_and_a_delete_cancel_in_the_count_and_are_found_only_when_expe
     assert result.requests < 20, result  # below reading the set again (20 pages)
 
 
-def test_records_expected_that_no_range_shows_are_reported_unconfirmed():
+def test_records_expected_that_no_range_shows_are_reported_unconfirmed(caplog):
     held = set(range(1, 5001))
-    reconciler, _ = reconcile(a_set(held), held, expected_new=2)
+    with caplog.at_level(logging.WARNING):
+        reconciler, _ = reconcile(a_set(held), held, expected_new=2)
     result = reconciler.result
+    assert "promised 2 records no read brought" in caplog.text
     assert result.unconfirmed == result.unreconciled == 2 and not result.exact
     assert result.requests <= 2 + search_cost(2, 5000) < 50, result  # not a read of 50 pages
 
@@ -98,7 +101,7 @@ def test_a_budget_spent_leaves_the_difference_reported():
     assert not result.exact and 0 < result.residual <= 3 and result.requests >= 3
 
 
-def test_a_difference_no_range_shows_is_reported_after_fruitless_rounds():
+def test_a_difference_no_range_shows_is_reported_after_fruitless_rounds(caplog):
     """A record without a usable key counts at the source but in no key range: deleted,
     the count differs by one that no range can show; after three rounds that find nothing
     it is reported, not searched for until the budget runs out."""
@@ -107,5 +110,7 @@ def test_a_difference_no_range_shows_is_reported_after_fruitless_rounds():
     reconciler = Reconciler(ENTITY, take=lambda records: None, source=source)
     reconciler.read(records)
     source.tables[ENTITY.name].pop()
-    result = reconciler.finish()
+    with caplog.at_level(logging.WARNING):
+        result = reconciler.finish()
     assert result.residual == 1 and result.rounds == 3 and result.requests == 3
+    assert "count differs by 1 from the keys held, and no key range" in caplog.text
