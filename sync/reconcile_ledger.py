@@ -1,0 +1,128 @@
+"""The keys held and the keys gone: the one place reconciliation's jobs change them.
+
+Every job (the change mark, key ranges, counts per parent, children by reference) reports
+what it saw here, and every figure of what changed (`caught_up`, `inserted`, `deleted`) is
+counted here, as it happens, so no job keeps a copy to keep in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from connectors.clinical_records.catalogue import EntitySet
+from connectors.clinical_records.keys import entity_key
+from sync.reconcile_source import Source
+
+Records = list[dict]
+
+
+class Ledger:
+    """Keys the warehouse will hold for one set after the run. `to_batch` receives every
+    record re-read, to be written with the batch; `watchers` are told of every record seen (read or
+    re-read), to note what they need of it (a version, a parent)."""
+
+    def __init__(
+        self, entity: EntitySet, to_batch: Callable[[Records], None], held: Iterable[Any] = ()
+    ) -> None:
+        self.entity, self.to_batch = entity, to_batch
+        self.held: set[Any] = set(held)
+        self.gone: set[Any] = set()
+        self.unkeyed = 0  # records without a usable key: counted by the source, not rangeable
+        self.suspects: list[Any] = []  # keys missing from their parent's cell: gone, or moved
+        self.caught_up = 0  # records written during the run, re-read by cursor
+        self.inserted = 0  # keys found that no read brought
+        self.watchers: list[Callable[[Records], None]] = []
+
+    @property
+    def deleted(self) -> int:
+        """Keys read, then found gone: soft-deleted by the load."""
+        return len(self.gone)
+
+    @property
+    def counted(self) -> int:
+        """What the source's count should be if the keys held are the source's."""
+        return len(self.held) + self.unkeyed
+
+    def progress(self) -> tuple[int, int, int]:
+        """What the ledger shows now, to tell whether a search found anything."""
+        return len(self.held), len(self.gone), self.caught_up
+
+    def key(self, record: dict) -> Any:
+        return entity_key(self.entity, record.get(self.entity.key))
+
+    def read(self, records: Records) -> None:
+        """A page of the extraction's own read."""
+        for record in records:
+            key = self.key(record)
+            if key is None:
+                self.unkeyed += 1
+            else:
+                self.held.add(key)
+        self._tell(records)
+
+    def settle_range(self, held_here: list[Any], records: Records, *, cell: bool = False) -> None:
+        """`records` are a key range as it stands: held keys missing from it are gone, or,
+        in a `cell`, suspects: they may have moved to another parent unseen (`confirm`)."""
+        there = {k for k in map(self.key, records) if k is not None}
+        gone = [k for k in held_here if k not in there]
+        if cell:
+            self.suspects.extend(gone)
+            gone = []
+        new = there - self.held
+        self.held.difference_update(gone)
+        self.gone.update(gone)
+        self.gone.difference_update(there)
+        self.held.update(there)
+        self.inserted += len(new)
+        self.add_to_batch(records)
+
+    def rewritten(self, changed: Records) -> None:
+        """Records written since the change mark, whose version differs from the one held."""
+        for record in changed:
+            key = self.key(record)
+            self.held.add(key)
+            self.gone.discard(key)
+        self.caught_up += len(changed)
+        self.add_to_batch(changed)
+
+    def count_inserted(self, count: int) -> None:
+        """Records a search found that no read brought (the caller takes them)."""
+        self.inserted += count
+
+    def forget(self, keys: Iterable[Any]) -> None:
+        """Keys known gone without a probe (children missing from a parent read whole)."""
+        gone = set(keys)
+        self.held.difference_update(gone)
+        self.gone.update(gone)
+
+    def suspect(self, keys: Iterable[Any]) -> None:
+        """Held keys a read should have brought and did not: asked for by key (`confirm`)."""
+        self.suspects.extend(keys)
+
+    def confirm(self, source: Source) -> None:
+        """The suspects, each asked for by key: gone (404), or moved to another parent
+        unseen, then taken as they are now."""
+        keys, self.suspects = self.suspects, []
+        if not keys:
+            return
+        found = source.by_key(keys)
+        moved = [record for record in found if record is not None]
+        self.gone.update(key for key, record in zip(keys, found, strict=True) if record is None)
+        self.held.difference_update(self.gone)
+        self.gone.difference_update(self.key(record) for record in moved)
+        self.add_to_batch(moved)
+
+    def add_to_batch(self, records: Records) -> None:
+        """Records re-read, to be written with the batch."""
+        self._tell(records)
+        if records:
+            self.to_batch(records)
+
+    def deleted_keys(self) -> list[str]:
+        """Keys read, then found gone at the source, as text (the lake's form)."""
+        return sorted(str(k) for k in self.gone)
+
+    def _tell(self, records: Records) -> None:
+        for watch in self.watchers:
+            watch(records)

@@ -1,0 +1,234 @@
+"""The change mark and the probe: what was written during the read, re-read.
+
+1. Before the read, the change mark: the newest value of the set's change cursor
+   (`$orderby=<cursor> desc`). Every write after it carries a cursor at or after it.
+2. After the read, each round starts with one probe: `$count=true&$top=100&$orderby=<cursor>
+   desc` answers, at one moment, the set's total and its newest writes. Those at or after
+   the mark that differ from the version held are re-read into the batch, and the mark
+   moves up to the newest the probe saw. A set without a cursor probes `$orderby=<key>
+   desc`: a set of at most a hundred records comes back whole and is compared key by key;
+   a larger one has its highest hundred keys (where new records get their numbers) compared.
+
+**The run's last look at a set comes after every other request to it.** A probe that holds
+every write since the mark (fewer than a hundred) is such a look. One whose hundred all lie
+there (a date cursor: the whole day shares one value) cannot show the rest: the records at or
+after the mark (the window) are read again (`<cursor> ge <mark>`), and since that read is no
+look at one moment (a write may land on a page it has passed), the probe is asked again,
+followed by one request that counts the window and brings its lowest hundred keys: when that
+count equals the window's keys held and nothing it shows differs, the look is complete;
+otherwise the window is read again. Between them they show the window's highest hundred keys
+(the probe orders equal cursor values by key, descending) and its lowest, so an insert at
+either end is seen even where a delete in the window cancels it in both counts; one between
+them with such a delete is not (a set without a cursor has the same blind spot in a key range).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
+from connectors.clinical_records.paging import COUNT
+from connectors.clinical_records.query import Comparison, Query
+from sync.reconcile_ledger import Ledger
+from sync.reconcile_ranges import Span, read_on
+from sync.reconcile_source import Source
+
+SENTINEL_AHEAD = timedelta(days=1)  # a cursor further ahead than this is a sentinel, no write
+
+
+def cursor_instant(entity: EntitySet, value: Any) -> datetime | None:
+    """A change cursor's value as an instant to order by; None for what is no such value."""
+    if not isinstance(value, str):
+        return None
+    try:
+        if entity.field(entity.change_cursor).type is Edm.DATE:  # type: ignore[arg-type]
+            day = date.fromisoformat(value)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def blind_spot(entity: EntitySet) -> str:
+    """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
+    if entity.sees_updates and entity.field("updated_at").type is Edm.DATE:
+        return (
+            "updated_at is a date: a second write on the same day to a record, landing on a "
+            "page the last read of that day had passed, is seen by the next run"
+        )
+    if entity.sees_updates:
+        return ""
+    if entity.change_cursor:
+        return "no updated_at: an update during the run is seen by the next snapshot"
+    return (
+        "no change cursor: updates, and an insert and a delete in one key range, "
+        "are seen by the next snapshot"
+    )
+
+
+def fingerprint(record: dict) -> int:
+    """One version of a record, to tell it from another (annotations aside)."""
+    fields = {k: v for k, v in record.items() if not k.startswith("@")}
+    return hash(json.dumps(fields, sort_keys=True, default=str))
+
+
+class ChangeMark:
+    """One set's change mark, its window (held keys written at or after the mark, each with
+    that version's instant and fingerprint), and the probes that look at the set."""
+
+    def __init__(self, source: Source, ledger: Ledger) -> None:
+        self.source, self.ledger, self.entity = source, ledger, source.entity
+        self.key, self.cursor = self.entity.key, self.entity.change_cursor
+        self.mark: tuple[str, datetime] | None = None  # (as sent, as an instant)
+        self.window: dict[Any, tuple[datetime, int]] = {}
+        self.window_read = False  # the window was read again since the read
+        self.window_page: Span | None = None  # the window as last counted, its first page
+        self.unverified = 0  # the window's count less its keys held, at its last count
+        self.started_total: int | None = None  # the source's count when the read began
+        self.probed: list[dict] = []  # the last probe's answer: the mark moves to its newest
+        self.ceiling = datetime.now(UTC) + SENTINEL_AHEAD
+        ledger.watchers.append(self._note_versions)
+
+    def begin(self, *, counted: bool = False) -> None:
+        """The change mark, before the read: every later write sorts at or after it. The
+        same request counts the set (`started_total`); `counted` asks a set without a
+        cursor for its count alone."""
+        if self.cursor is None:
+            if counted:
+                query = Query(self.entity, top=0, count=True)
+                self.started_total = int(self.source.page(query)[COUNT])
+            return
+        query = Query(
+            self.entity,
+            select=[self.key, self.cursor],
+            orderby=[(self.cursor, True)],
+            top=PAGE_SIZE,
+            count=True,
+        )
+        envelope = self.source.page(query)
+        self.started_total = int(envelope[COUNT])
+        self.move(envelope["value"])
+
+    def probe(self) -> tuple[int, bool]:
+        """One request: the source's total now, and its writes since the mark; those that
+        differ from the version held are re-read. True when the answer holds every write
+        since the mark (then it is a complete look at one moment)."""
+        if self.cursor is None:
+            return self._probe_highest_keys(), True
+        # Among writes that share a cursor value (a date), the highest keys first, where a
+        # service numbers new records; the window's count brings the lowest.
+        query = Query(
+            self.entity,
+            orderby=[(self.cursor, True), (self.key, True)],
+            top=PAGE_SIZE,
+            count=True,
+        )
+        envelope = self.source.page(query)
+        newest = self.probed = envelope["value"]
+        self._reread([r for r in newest if self._since_mark(r)])
+        complete = len(newest) < PAGE_SIZE or self.mark is None
+        return int(envelope[COUNT]), complete or not self._in_window(newest[-1])
+
+    def window_agrees(self) -> bool:
+        """One request: how many records lie at or after the mark now, and the lowest
+        hundred keys of them (the first page of reading the window again). True when that
+        count equals the window's keys held and none of those shown differs from the
+        version held."""
+        assert self.mark is not None and self.cursor is not None
+        window = Comparison(self.cursor, "ge", self.mark[0])
+        query = Query(
+            self.entity, filter=window, orderby=[(self.key, False)], top=PAGE_SIZE, count=True
+        )
+        envelope = self.source.page(query)
+        self.window_page = Span(None, None, [], 0, first=envelope["value"], where=window)
+        changed = self._reread(envelope["value"])
+        held = sum(1 for k in self.window if k in self.ledger.held)
+        self.unverified = abs(int(envelope[COUNT]) - held)
+        return not changed and self.unverified == 0
+
+    def catch_up(self) -> None:
+        """The window read again, on from the page that counted it (keyset pages, which no
+        shift between them can skip): what differs is re-read. A held key of the window
+        the read did not bring is asked for by key (its cursor only moves up, so it was
+        deleted, unless the service says otherwise). Then the mark moves to the newest the
+        probe saw: every later write sorts at or after it."""
+        span = self.window_page
+        assert span is not None and span.first is not None
+        records = read_on(self.source, self.ledger, span.first, span)
+        self._reread(records)
+        there = {self.ledger.key(r) for r in records}
+        held = self.ledger.held
+        self.ledger.suspect(k for k in self.window if k in held and k not in there)
+        self.ledger.confirm(self.source)
+        self.window_read = True
+        self.move(self.probed)
+
+    def move(self, records: list[dict]) -> None:
+        """The mark to the newest cursor value that is no sentinel from the future; the
+        window keeps what lies at or after it."""
+        for record in records:
+            value = record.get(self.cursor)
+            moment = cursor_instant(self.entity, value)
+            if moment is None or moment > self.ceiling:
+                continue
+            if self.mark is None or moment > self.mark[1]:
+                self.mark = (value, moment)
+        if self.mark is not None:
+            mark = self.mark[1]
+            self.window = {k: v for k, v in self.window.items() if v[0] >= mark}
+
+    def _probe_highest_keys(self) -> int:
+        """A set without a cursor: its total, and its highest hundred keys at one moment,
+        where a service that numbers its records puts new ones: inserts there, and deletes
+        among them, are settled here instead of by halving key ranges (a set of at most a
+        hundred comes back whole)."""
+        query = Query(self.entity, orderby=[(self.key, True)], top=PAGE_SIZE, count=True)
+        envelope = self.source.page(query)
+        total = int(envelope[COUNT])
+        newest = envelope["value"]
+        held = self.ledger.held
+        if len(newest) >= total:  # the whole set, at one moment
+            self.ledger.settle_range(sorted(held), newest)
+        elif (lowest := self.ledger.key(newest[-1]) if newest else None) is not None:
+            self.ledger.settle_range(sorted(k for k in held if k >= lowest), newest)
+        return total
+
+    def _reread(self, records: list[dict]) -> list[dict]:
+        """Records written since the mark: those whose version differs from the one held
+        (or not held at all) go into the batch; returned."""
+        changed = [r for r in records if self._differs(r)]
+        self.ledger.rewritten(changed)
+        return changed
+
+    def _differs(self, record: dict) -> bool:
+        key = self.ledger.key(record)
+        if key is None:  # nothing to compare by: normalise rejects it, as the read did
+            return False
+        held = self.window.get(key) if key in self.ledger.held else None
+        return held is None or held[1] != fingerprint(record)
+
+    def _since_mark(self, record: dict) -> bool:
+        if self.mark is None:
+            return True
+        moment = cursor_instant(self.entity, record.get(self.cursor))
+        return moment is None or moment >= self.mark[1]
+
+    def _in_window(self, record: dict) -> bool:
+        moment = cursor_instant(self.entity, record.get(self.cursor))
+        return self.mark is not None and moment is not None and moment >= self.mark[1]
+
+    def _note_versions(self, records: list[dict]) -> None:
+        """The version of each record at or after the mark, to tell a later one from it."""
+        if self.cursor is None:
+            return
+        for record in records:
+            if (key := self.ledger.key(record)) is None:
+                continue
+            moment = cursor_instant(self.entity, record.get(self.cursor))
+            if moment is not None and (self.mark is None or moment >= self.mark[1]):
+                self.window[key] = (moment, fingerprint(record))
+            else:
+                self.window.pop(key, None)
