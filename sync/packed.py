@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from connectors.clinical_records.catalogue import (
@@ -53,24 +54,6 @@ from warehouse.lake import Lake
 log = logging.getLogger(__name__)
 
 
-class Meter:
-    """Attributes the shared client's counters to the set a phase works for."""
-
-    def __init__(self, client: ClinicalClient) -> None:
-        self.client = client
-        self.spent: dict[str, dict[str, float]] = {}
-
-    def charge(self, name: str, work: Callable[[], Any]) -> Any:
-        before = self.client.stats.as_dict()
-        try:
-            return work()
-        finally:
-            after = self.client.stats.as_dict()
-            mine = self.spent.setdefault(name, {})
-            for k, v in after.items():
-                mine[k] = round(mine.get(k, 0) + v - before.get(k, 0), 3)
-
-
 def extract_family(
     family: Sequence[EntitySet],
     inputs: Mapping[str, SetInput],
@@ -84,7 +67,6 @@ def extract_family(
 ) -> dict[str, Extraction]:
     """Extract the selected sets of `family` (root first) in as few requests as is exact."""
     root, children = family[0], family[1:]
-    meter = Meter(client)
     results: dict[str, Extraction] = {}
     root_input = inputs.get(root.name)
     root_whole = root_input is not None and root_input.plan.mode is Mode.SNAPSHOT
@@ -103,28 +85,22 @@ def extract_family(
     if riding or carrying is not None:
         results.update(
             _packed_read(
-                root, carrying, riding, inputs, client, lake, meter, run_id, progress, memory, say
+                root, carrying, riding, inputs, client, lake, run_id, progress, memory, say
             )
         )
     for entity in alone:
         one = inputs[entity.name]
         say.info(f"{entity.name}: {one.plan.mode.value} ({one.plan.reason})")
-        results[entity.name] = meter.charge(
-            entity.name,
-            lambda i=one: extract(
-                i.plan,
-                client,
-                lake,
-                run_id=run_id,
-                previous_watermark=i.watermark,
-                progress=progress,
-                held=i.held,
-            ),
+        results[entity.name] = extract(
+            one.plan,
+            client,
+            lake,
+            run_id=run_id,
+            previous_watermark=one.watermark,
+            progress=progress,
+            held=one.held,
         )
-    for name, result in results.items():
-        if name in meter.spent:
-            result.stats = meter.spent[name]
-    spent = {n: int(v.get("requests", 0)) for n, v in meter.spent.items()}
+    spent = {n: int(r.stats.get("requests", 0)) for n, r in results.items() if r.stats}
     say.info(
         f"{root.name} and its family: {sum(spent.values())} requests "
         f"({', '.join(f'{n} {k}' for n, k in spent.items())})"
@@ -143,7 +119,6 @@ def _packed_read(
     inputs: Mapping[str, SetInput],
     client: ClinicalClient,
     lake: Lake,
-    meter: Meter,
     run_id: str,
     progress: Progress,
     memory: ServiceMemory,
@@ -151,6 +126,7 @@ def _packed_read(
 ) -> dict[str, Extraction]:
     """The root read whole (or its keys only, to carry its children), children unpacked."""
     started = time.monotonic()
+    spent: dict[str, dict[str, float]] = defaultdict(dict)  # per set, what its phases cost
     carrier = root.name if root_input is not None else riding[0].name  # who pays the read
     enter(Phase.EXTRACT, carrier)
     root_writer = root_reconciler = None
@@ -166,10 +142,12 @@ def _packed_read(
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
     expanded = [r for r in riders if r not in listed_alone]
     if root_reconciler:  # a root that carries children is counted: the plan's estimate
-        meter.charge(root.name, lambda: root_reconciler.begin(counted=bool(riders)))
+        with client.stats.measure(spent[root.name]):
+            root_reconciler.begin(counted=bool(riders))
     for r in riders:
         if r.reconciler:
-            meter.charge(r.entity.name, lambda r=r: r.reconciler.begin(counted=True))
+            with client.stats.measure(spent[r.entity.name]):
+                r.reconciler.begin(counted=True)
     _announce(
         root, root_input, root_reconciler.started_total if root_reconciler else None, riders, say
     )
@@ -199,7 +177,8 @@ def _packed_read(
             progress.page(root.name, len(page.records), page.total)
 
     try:
-        meter.charge(carrier, lambda: read(expanded))
+        with client.stats.measure(spent[carrier]):
+            read(expanded)
     except BadRequest as refused:
         if not any(r.entity is DOCUMENTS for r in expanded) or parents:
             raise
@@ -210,7 +189,8 @@ def _packed_read(
         )
         listed_alone += [r for r in expanded if r.entity is DOCUMENTS]
         expanded = [r for r in expanded if r.entity is not DOCUMENTS]
-        meter.charge(carrier, lambda: read(expanded))
+        with client.stats.measure(spent[carrier]):
+            read(expanded)
     progress.finish(root.name)
     if any(r.entity is DOCUMENTS for r in expanded):
         memory.accepted(DOCUMENTS_REFUSED)
@@ -219,7 +199,8 @@ def _packed_read(
     if root_input is not None:
         result = Extraction(root.name, root_input.plan.mode, root_input.plan.reason, run_id)
         if root_reconciler:
-            result.reconciliation = meter.charge(root.name, root_reconciler.finish)
+            with client.stats.measure(spent[root.name]):
+                result.reconciliation = root_reconciler.finish()
             result.source_total = root_reconciler.total
         assert root_writer is not None
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
@@ -228,11 +209,11 @@ def _packed_read(
     for r in riders:
         if r in listed_alone:
             r.short = list(parents)
-        results[r.entity.name] = meter.charge(
-            r.entity.name, lambda r=r: complete(r, parents, client, memory, say)
-        )
+        with client.stats.measure(spent[r.entity.name]):
+            results[r.entity.name] = complete(r, parents, client, memory, say)
         results[r.entity.name].reason = r.choice
-    for result in results.values():
+    for name, result in results.items():
+        result.stats = spent[name]
         result.seconds = round(time.monotonic() - started, 3)
     return results
 
