@@ -86,29 +86,30 @@ from sync.state import (
 from sync.strategy import Mode, Options, Plan, plan
 from warehouse import ops
 from warehouse.ddl import ANALYTICS
+from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
 from warehouse.models import Model, models
-from warehouse.ops import UNRECONCILED
 from warehouse.publish import publish
 
-# Connector counters -> metadata labels the UI plots run over run.
-API_METADATA: dict[str, str] = {
-    "requests": "requests",
-    "pages": "pages",
-    "throttled": "throttled_429",
-    "retries": "retries",
-    "wait_seconds": "wait_seconds",
-    "token_refreshes": "token_refreshes",
+# The client's counters (`Counters`, as `Extraction.stats` holds them) as the UI plots them.
+API_FIGURES: dict[str, Figure] = {
+    "requests": Figure.REQUESTS,
+    "pages": Figure.PAGES,
+    "throttled": Figure.THROTTLED_429,
+    "retries": Figure.RETRIES,
+    "wait_seconds": Figure.WAIT_SECONDS,
+    "token_refreshes": Figure.TOKEN_REFRESHES,
 }
-LOAD_METADATA: tuple[str, ...] = (
-    "fetched",
-    "inserted",
-    "updated",
-    "unchanged",
-    "soft_deleted",
-    "resurrected",
-    "rejected",
-)
+# A load's `LoadResult` fields as the UI plots them.
+LOAD_FIGURES: dict[Figure, str] = {
+    Figure.ROWS_FETCHED: "fetched",
+    Figure.ROWS_INSERTED: "inserted",
+    Figure.ROWS_UPDATED: "updated",
+    Figure.ROWS_UNCHANGED: "unchanged",
+    Figure.ROWS_SOFT_DELETED: "soft_deleted",
+    Figure.ROWS_RESURRECTED: "resurrected",
+    Figure.ROWS_REJECTED: "rejected",
+}
 
 
 # What each strategy fetches, as the asset descriptions tell it in the UI.
@@ -121,32 +122,36 @@ STRATEGY_TEXT: dict[Strategy, str] = {
 }
 
 
-def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
-    """A set's reconciliation as `ops.sync_runs` sums it."""
+def run_figures(reconciliation: Reconciliation) -> dict[Figure, int]:
+    """A set's reconciliation as `ops.sync_runs` sums it (`RECONCILE_FIGURES`)."""
     return {
-        "reconciled": reconciliation.reconciled,
-        "reconcile_requests": reconciliation.requests,
-        UNRECONCILED: reconciliation.unreconciled,
+        Figure.RECONCILED: reconciliation.reconciled,
+        Figure.RECONCILE_REQUESTS: reconciliation.requests,
+        Figure.UNRECONCILED: reconciliation.unreconciled,
     }
 
 
-def api_metadata(extraction: Extraction) -> dict[str, Any]:
-    return {label: extraction.stats.get(name, 0) for name, label in API_METADATA.items()}
+def api_metadata(extraction: Extraction) -> dict[Figure, Any]:
+    return {figure: extraction.stats.get(name, 0) for name, figure in API_FIGURES.items()}
 
 
 def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
-    return {
-        "mode": extraction.mode.value,
-        "reason": extraction.reason,
-        "rows_fetched": extraction.fetched,
-        "rows_rejected": extraction.rejected,
-        "source_count": extraction.source_total if extraction.source_total is not None else -1,
-        "lake_files_written": len(extraction.files),
-        "watermark": extraction.watermark or "",
-        "seconds": extraction.seconds,
-        **api_metadata(extraction),
-        **extraction.reconciliation.metadata(),
-    }
+    return keyed_by_text(
+        {
+            "mode": extraction.mode.value,
+            "reason": extraction.reason,
+            Figure.ROWS_FETCHED: extraction.fetched,
+            Figure.ROWS_REJECTED: extraction.rejected,
+            Figure.SOURCE_COUNT: extraction.source_total
+            if extraction.source_total is not None
+            else -1,
+            "lake_files_written": len(extraction.files),
+            "watermark": extraction.watermark or "",
+            "seconds": extraction.seconds,
+            **api_metadata(extraction),
+            **extraction.reconciliation.metadata(),
+        }
+    )
 
 
 def _log_reconciliation(log: Any, extraction: Extraction) -> None:
@@ -367,18 +372,20 @@ def build_load_asset(
                 wh.record_set_result(context.run.run_id, ended)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
-            metadata={
-                "mode": extraction.mode.value,
-                **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
-                **api_metadata(extraction),
-                **run_figures(extraction.reconciliation),  # `unreconciled` among them
-                **extraction.reconciliation.figures(),
-                **stale,
-                "watermark": watermark or "",
-                "lake_files_written": len(extraction.files),
-                **count.figures(),
-                "table": MetadataValue.text(f"clinical.{entity.table}"),
-            }
+            metadata=keyed_by_text(
+                {
+                    "mode": extraction.mode.value,
+                    **{figure: getattr(result, name) for figure, name in LOAD_FIGURES.items()},
+                    **api_metadata(extraction),
+                    **run_figures(extraction.reconciliation),  # `unreconciled` among them
+                    **extraction.reconciliation.figures(),
+                    **stale,
+                    "watermark": watermark or "",
+                    "lake_files_written": len(extraction.files),
+                    **count.figures(),
+                    "table": MetadataValue.text(f"clinical.{entity.table}"),
+                }
+            )
         )
         yield from results
 
