@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,26 +63,24 @@ from pipelines.resources import (
     WarehouseAccess,
 )
 from sync.budget import (
-    allot,
-    costs_of,
     needs_whole,
     parse_budget,
     staleness_figure,
     staleness_hours,
 )
 from sync.extract import Extraction
+from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
 from sync.phase import Phase, enter
 from sync.progress import current
 from sync.reconcile import Reconciliation
-from sync.riders import SetInput
 from sync.service_memory import ServiceMemory
 from sync.state import (
     LOCK_WAIT_SECONDS,
     Committed,
     covered_since,
 )
-from sync.strategy import Mode, Options, Plan, plan
+from sync.strategy import Mode
 from warehouse import ops
 from warehouse.ddl import ANALYTICS
 from warehouse.figures import Figure, keyed_by_text
@@ -177,19 +174,6 @@ def _selected_entities(context: AssetExecutionContext) -> list[str]:
     return [e.name for e in ALL_ENTITIES if e.table in tables]
 
 
-def _set_input(
-    committed: Committed, entity: EntitySet, todo: Plan, watermark: str | None
-) -> SetInput:
-    """What one set's extraction starts from: the keys an increment reconciles against and,
-    for a child riding in its parent's pages, the parent of each."""
-    one = SetInput(todo, watermark)
-    if todo.mode in (Mode.INCREMENTAL, Mode.RANGE):
-        one.held = committed.held_keys(entity)
-    if entity.name in RIDES_WITH and entity.contained_in is None and todo.moves_watermark:
-        one.parents = committed.parents(entity, RIDES_WITH[entity.name][1].remote)
-    return one
-
-
 def build_extract_asset(
     family: Sequence[EntitySet], partitions_def: PartitionsDefinition | None = None
 ) -> AssetsDefinition:
@@ -226,13 +210,14 @@ def build_extract_asset(
         tenant = tenant_of(context)
         settings = clinical_api.settings(tenant)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
-        inputs = {}
+        options = sync_options.options()
+        budget = parse_budget(sync_options.nightly_budget, settings.rate_limit)
         with Committed(warehouse.working(tenant)) as committed:  # one read-only look per step
-            options = _within_budget(context, sync_options, settings.rate_limit, committed)
-            for e in chosen:
-                state = committed.state(e)
-                todo = plan(e, state, options)
-                inputs[e.name] = _set_input(committed, e, todo, state.watermark)
+            if budget_applies(options, budget):
+                started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
+                options, told = within_budget(options, budget, *committed.sizes(), started)
+                context.log.info(told)
+            inputs = set_inputs(chosen, committed, options)
         the_lake = lake.lake(tenant)
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
@@ -256,33 +241,6 @@ def build_extract_asset(
             )
 
     return extract_family_assets
-
-
-def _within_budget(
-    context: Any, sync_options: SyncOptionsResource, rate: float, committed: Committed
-) -> Options:
-    """The run's options; under a nightly budget, with the sets read whole this run and the
-    key ranges read of others."""
-    options = sync_options.options()
-    budget = parse_budget(sync_options.nightly_budget, rate)
-    if budget is None or not options.exact or options.full or options.backfill:
-        return options
-    rows, read = committed.sizes()
-    started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
-    costs = costs_of(ALL_ENTITIES, rows, read)
-    allotment = allot(costs, budget, started)
-    ranges = [f"{name} ({pages} pages)" for name, pages in allotment.ranges.items()]
-    waiting = [
-        f"{c.entity.name} ({staleness_hours(c.read.covered_at, started):g} h stale)"
-        for c in costs
-        if needs_whole(c.entity) and c.entity.name not in allotment.whole
-    ]
-    context.log.info(
-        f"nightly budget {budget} requests: read whole "
-        f"{', '.join(sorted(allotment.whole)) or 'none'}; key ranges of "
-        f"{', '.join(ranges) or 'none'}; not whole: {', '.join(waiting) or 'none'}"
-    )
-    return replace(options, read_whole=allotment.whole, read_ranges=allotment.ranges)
 
 
 def _how(entity: EntitySet) -> str:
