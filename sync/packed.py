@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from connectors.clinical_records.catalogue import (
@@ -41,8 +41,8 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
-from connectors.clinical_records.query import Expand, Query
-from sync.extract import BatchWriter, Extraction, cursor_filter, extract, fill
+from sync.extract import BatchWriter, Extraction, extract, fill
+from sync.family_plan import PackedRead, plan_family
 from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler
@@ -66,29 +66,23 @@ def extract_family(
     say: Any = log,
 ) -> dict[str, Extraction]:
     """Extract the selected sets of `family` (root first) in as few requests as is exact."""
-    root, children = family[0], family[1:]
-    results: dict[str, Extraction] = {}
-    root_input = inputs.get(root.name)
-    root_whole = root_input is not None and root_input.plan.mode is Mode.SNAPSHOT
-    riding: list[EntitySet] = []
-    plain: list[EntitySet] = []
-    for child in children:
-        child_input = inputs.get(child.name)
-        if child_input is None or child_input.plan.mode is Mode.SKIP:
-            if child_input is not None:
-                results[child.name] = _skipped(child_input.plan, run_id)
-            continue
-        rides = child_input.plan.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL)
-        (riding if rides and (root_whole or child.contained_in) else plain).append(child)
-    alone = plain if root_whole or root_input is None else [root, *plain]
-    carrying = root_input if root_whole else None
-    if riding or carrying is not None:
+    plans = {name: one.plan for name, one in inputs.items()}
+    family_read = plan_family(family, plans, memory.refuses(DOCUMENTS_REFUSED))
+    results = {c.name: _skipped(plans[c.name], run_id) for c in family_read.skipped}
+    if family_read.packed is not None:
         results.update(
             _packed_read(
-                root, carrying, riding, inputs, client, lake, run_id, progress, memory, say
+                family_read.packed,
+                inputs,
+                client,
+                lake,
+                run_id=run_id,
+                progress=progress,
+                memory=memory,
+                say=say,
             )
         )
-    for entity in alone:
+    for entity in family_read.alone:
         one = inputs[entity.name]
         say.info(f"{entity.name}: {one.plan.mode.value} ({one.plan.reason})")
         results[entity.name] = extract(
@@ -102,7 +96,7 @@ def extract_family(
         )
     spent = {n: int(r.stats.get("requests", 0)) for n, r in results.items() if r.stats}
     say.info(
-        f"{root.name} and its family: {sum(spent.values())} requests "
+        f"{family[0].name} and its family: {sum(spent.values())} requests "
         f"({', '.join(f'{n} {k}' for n, k in spent.items())})"
     )
     return results
@@ -113,34 +107,31 @@ def _skipped(plan: Plan, run_id: str) -> Extraction:
 
 
 def _packed_read(
-    root: EntitySet,
-    root_input: SetInput | None,
-    riding: list[EntitySet],
+    read: PackedRead,
     inputs: Mapping[str, SetInput],
     client: ClinicalClient,
     lake: Lake,
+    *,
     run_id: str,
     progress: Progress,
     memory: ServiceMemory,
     say: Any,
 ) -> dict[str, Extraction]:
-    """The root read whole (or its keys only, to carry its children), children unpacked."""
+    """Carry out `read`: the parents' pages, the children unpacked from them, then each
+    child completed (sync/riders.py); every phase measured to the set it works for."""
     started = time.monotonic()
     spent: dict[str, dict[str, float]] = defaultdict(dict)  # per set, what its phases cost
-    carrier = root.name if root_input is not None else riding[0].name  # who pays the read
-    enter(Phase.EXTRACT, carrier)
+    root, payer = read.root, read.payer.name
+    root_input = inputs[root.name] if read.root_plan is not None else None
+    enter(Phase.EXTRACT, payer)
     root_writer = root_reconciler = None
     if root_input is not None:
         root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)
         if root_input.plan.moves_watermark:
             root_reconciler = Reconciler(root, client, take=root_writer.add, held=root_input.held)
-    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in riding]
-    listed_alone = [
-        r for r in riders if r.entity is DOCUMENTS and memory.refuses(DOCUMENTS_REFUSED)
-    ]
-    if listed_alone:
+    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.riding]
+    if read.listed:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
-    expanded = [r for r in riders if r not in listed_alone]
     if root_reconciler:  # a root that carries children is counted: the plan's estimate
         with client.stats.measure(spent[root.name]):
             root_reconciler.begin(counted=bool(riders))
@@ -152,47 +143,26 @@ def _packed_read(
         root, root_input, root_reconciler.started_total if root_reconciler else None, riders, say
     )
 
-    select = None if root_input is not None else [root.key]
-    filter_ = cursor_filter(root_input.plan) if root_input is not None else None
     parents: list[Any] = []
     progress.start(root.name)
-
-    def read(with_: list[Rider]) -> None:
-        query = Query(
-            root,
-            filter=filter_,
-            select=select,
-            expand=[Expand(r.nav.name, count=True) for r in with_],
-        )
-        for page in client.iter_pages(root, query):
-            for record in page.records:
-                key = record.get(root.key)
-                parents.append(key)
-                for r in with_:
-                    _unpack(r, record, key)
-            if root_writer:
-                root_writer.add(page.records)
-            if root_reconciler:
-                root_reconciler.read(page.records)
-            progress.page(root.name, len(page.records), page.total)
-
     try:
-        with client.stats.measure(spent[carrier]):
-            read(expanded)
+        with client.stats.measure(spent[payer]):
+            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
+                parents.append(key)
     except BadRequest as refused:
-        if not any(r.entity is DOCUMENTS for r in expanded) or parents:
+        if not any(c is DOCUMENTS for c in read.expanded) or parents:
             raise
         memory.refuse(DOCUMENTS_REFUSED)
         say.warning(
             f"{DOCUMENTS.name}: the service refused $expand of them ({refused.status}); they "
             f"are listed per patient, one request each, until it is tried again"
         )
-        listed_alone += [r for r in expanded if r.entity is DOCUMENTS]
-        expanded = [r for r in expanded if r.entity is not DOCUMENTS]
-        with client.stats.measure(spent[carrier]):
-            read(expanded)
+        read = read.listing_documents()
+        with client.stats.measure(spent[payer]):
+            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
+                parents.append(key)
     progress.finish(root.name)
-    if any(r.entity is DOCUMENTS for r in expanded):
+    if any(c is DOCUMENTS for c in read.expanded):
         memory.accepted(DOCUMENTS_REFUSED)
 
     results: dict[str, Extraction] = {}
@@ -207,7 +177,7 @@ def _packed_read(
         fill(result, root_writer, len(parents))
         results[root.name] = result
     for r in riders:
-        if r in listed_alone:
+        if r.entity in read.listed:
             r.short = list(parents)
         with client.stats.measure(spent[r.entity.name]):
             results[r.entity.name] = complete(r, parents, client, memory, say)
@@ -216,6 +186,30 @@ def _packed_read(
         result.stats = spent[name]
         result.seconds = round(time.monotonic() - started, 3)
     return results
+
+
+def _parent_keys(
+    read: PackedRead,
+    riders: list[Rider],
+    client: ClinicalClient,
+    root_writer: BatchWriter | None,
+    root_reconciler: Reconciler | None,
+    progress: Progress,
+) -> Iterator[Any]:
+    """The parents' pages as they come: each parent's key, once its expanded children are
+    taken off it onto their riders; the root's records to its writer and reconciler."""
+    root, expanded = read.root, [r for r in riders if r.entity not in read.listed]
+    for page in client.iter_pages(root, read.query()):
+        for record in page.records:
+            key = record.get(root.key)
+            for r in expanded:
+                _unpack(r, record, key)
+            yield key
+        if root_writer:
+            root_writer.add(page.records)
+        if root_reconciler:
+            root_reconciler.read(page.records)
+        progress.page(root.name, len(page.records), page.total)
 
 
 def _rider(
