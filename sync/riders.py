@@ -5,7 +5,6 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from sync import orphans
 from sync.extract import BatchWriter, Extraction, cursor_filter, fill
 from sync.phase import Phase, enter
 from sync.reconcile import Reconciler, Reconciliation
+from sync.rider_plan import Completion, held_children
 from sync.service_memory import ServiceMemory
 from sync.strategy import Mode, Plan
 
@@ -85,15 +85,6 @@ class Rider:
         return entity_key(self.entity, record.get(self.entity.key))
 
 
-def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
-    """Requests to find the children no parent reaches: the null ones by a filter, each
-    dangling one by halving key ranges (bounded by reading the whole set)."""
-    found = math.ceil(nulls / PAGE_SIZE) + (1 if nulls else 0)
-    if dangling:
-        found += min(pages, math.ceil(dangling * (2 + math.log2(max(2, pages / dangling)))))
-    return found
-
-
 def complete(
     rider: Rider, parents: list[Any], client: ClinicalClient, memory: ServiceMemory, say: Any
 ) -> Extraction:
@@ -104,61 +95,35 @@ def complete(
     enter(Phase.EXTRACT, entity.name)
     result = Extraction(entity.name, plan.mode, plan.reason, rider.writer.run_id)
     if entity is DOCUMENTS:
-        rider.take(rider.arrived)
-        rider.take(list(_list_documents(client, rider.short)))
-        rider.choice = (
-            f"with their patients; {len(rider.short)} patients listed alone"
-            if rider.short
-            else "with their patients"
-        )
-        rider.writer.finish()
-        result.reconciliation = Reconciliation(blind=DOCUMENTS_BLIND)
-        result.source_total = rider.fetched
-        fill(result, rider.writer, rider.fetched)
-        say.info(f"{entity.name}: {rider.fetched} read, {rider.choice}")
-        return result
+        return _complete_documents(rider, client, result, say)
     reconciler = rider.reconciler
     assert reconciler is not None and reconciler.started_total is not None
-    pages = max(1, math.ceil(reconciler.started_total / PAGE_SIZE))
     remote = rider.nav.remote
     read_whole = {key_text(p) for p in parents} - {key_text(p) for p in rider.short}
-    # Held last run under a parent that was not read now (deleted, or never there): a
-    # snapshot asks for each by key. Held under a parent read whole, and not come with it:
-    # gone.
-    known, gone = [], []
-    for k, parent in rider.input.parents.items():
-        key = entity_key(entity, k)
-        if key is None:
-            continue
-        if parent is None:
-            rider.no_parent.add(key)
-            continue
-        (gone if key_text(parent) in read_whole else known).append(key)
+    held = held_children(entity, rider.input.parents, read_whole)
+    rider.no_parent.update(held.without_parent)
+    known, gone = list(held.under_parent_not_read), held.under_parent_read
     new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
-        not_reached = max(0, reconciler.started_total - rider.reached)
-        nulls = client.count(entity, F(remote) == None) if not_reached else 0  # noqa: E711
-        new = max(0, not_reached - nulls - len(known))
-        again = orphans.requests(entity, known, memory)
-        find = orphan_cost(pages, nulls, new) + again + len(rider.short)
-        if find < pages:
-            rider.choice = (
-                f"with its parents; {nulls} with no parent read by filter, {len(known)} held "
-                f"under a parent not read asked for by key in {again} requests, about {new} new "
-                f"with a missing parent found by key ranges, {len(rider.short)} parents read "
-                f"alone (about {find} requests against {pages} to read it alone)"
-            )
+        some_not_reached = reconciler.started_total > rider.reached
+        nulls = client.count(entity, F(remote) == None) if some_not_reached else 0  # noqa: E711
+        completion = Completion(
+            reconciler.started_total,
+            rider.reached,
+            nulls,
+            len(known),
+            orphans.requests(entity, known, memory),
+            len(rider.short),
+        )
+        rider.choice = completion.reason()
+        if completion.read_alone:
+            rider.take(_all(client, entity, None))
+            known, rider.short = [], []
+        else:
             rider.take(rider.arrived)
             if nulls:
                 rider.take(_all(client, entity, F(remote) == None))  # noqa: E711
-        else:
-            rider.choice = (
-                f"read alone: {nulls} with no parent, {len(known)} under a parent not read "
-                f"and about {new} new with a missing parent would cost about {find} "
-                f"requests to find, reading it costs {pages}"
-            )
-            rider.take(_all(client, entity, None))
-            known, rider.short, new = [], [], 0
+            new = completion.new
     else:
         rider.take(rider.arrived)
         rider.take(_all(client, entity, cursor_filter(plan)))
@@ -185,6 +150,26 @@ def complete(
     result.source_total = reconciler.total
     rider.writer.finish(reconciler.deleted_keys())
     fill(result, rider.writer, rider.fetched)
+    return result
+
+
+def _complete_documents(
+    rider: Rider, client: ClinicalClient, result: Extraction, say: Any
+) -> Extraction:
+    """The documents that came with their patients, and those of each patient whose
+    documents did not all come (or were not expanded), listed one patient at a time."""
+    rider.take(rider.arrived)
+    rider.take(list(_list_documents(client, rider.short)))
+    rider.choice = (
+        f"with their patients; {len(rider.short)} patients listed alone"
+        if rider.short
+        else "with their patients"
+    )
+    rider.writer.finish()
+    result.reconciliation = Reconciliation(blind=DOCUMENTS_BLIND)
+    result.source_total = rider.fetched
+    fill(result, rider.writer, rider.fetched)
+    say.info(f"{rider.entity.name}: {rider.fetched} read, {rider.choice}")
     return result
 
 
