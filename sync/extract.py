@@ -208,7 +208,7 @@ def _text(key: Any) -> str | None:
     return None if key is None else str(key)
 
 
-def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
+def record_writer(result: Extraction, writer: BatchWriter, fetched: int) -> None:
     """What a finished writer left in the lake, into the extraction's result."""
     result.files = writer.files
     result.rejected = writer.rejected
@@ -267,6 +267,6 @@ def extract(
             result.source_total = reconciler.total  # the set as it stands at the end
         writer.finish(reconciler.deleted_keys() if reconciler else None)
         progress.finish(entity.name)
-        fill(result, writer, result.fetched)
+        record_writer(result, writer, result.fetched)
     result.seconds = round(time.monotonic() - started, 3)
     return result

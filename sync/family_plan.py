@@ -20,19 +20,19 @@ class PackedRead:
 
     root: EntitySet
     root_plan: Plan | None  # the root read as its plan says; None: its keys only, to carry
-    riding: tuple[EntitySet, ...]  # the children it carries, in the family's order
+    carried: tuple[EntitySet, ...]  # the children it carries, in the family's order
     listed: tuple[EntitySet, ...] = ()  # of them, listed per parent: $expand refused
 
     @property
     def expanded(self) -> tuple[EntitySet, ...]:
         """The children that come nested in the parents' pages."""
-        return tuple(c for c in self.riding if c not in self.listed)
+        return tuple(c for c in self.carried if c not in self.listed)
 
     @property
     def payer(self) -> EntitySet:
         """The set whose figures the parents' pages are charged to: the root when it is read
         for itself, else the first child it carries."""
-        return self.root if self.root_plan is not None else self.riding[0]
+        return self.root if self.root_plan is not None else self.carried[0]
 
     def query(self) -> Query:
         """The parents' pages: the root's records (or keys), each child nested with its count
@@ -57,7 +57,7 @@ class FamilyRead:
     """How one family is read this run."""
 
     packed: PackedRead | None  # None: nothing rides, every set is read alone
-    alone: tuple[EntitySet, ...]  # read alone, each by `sync.extract.extract`
+    read_separately: tuple[EntitySet, ...]  # each read by itself (`sync.extract.extract`)
     skipped: tuple[EntitySet, ...]  # chosen, with nothing to read this run
 
 
@@ -71,8 +71,8 @@ def plan_family(
     root, children = family[0], family[1:]
     root_plan = plans.get(root.name)
     root_whole = root_plan is not None and root_plan.mode is Mode.SNAPSHOT
-    riding: list[EntitySet] = []
-    alone: list[EntitySet] = []
+    carried: list[EntitySet] = []
+    separately: list[EntitySet] = []
     skipped: list[EntitySet] = []
     for child in children:
         child_plan = plans.get(child.name)
@@ -82,11 +82,11 @@ def plan_family(
             skipped.append(child)
             continue
         rides = child_plan.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL)
-        (riding if rides and (root_whole or child.contained_in) else alone).append(child)
+        (carried if rides and (root_whole or child.contained_in) else separately).append(child)
     if root_plan is not None and not root_whole:
-        alone.insert(0, root)
+        separately.insert(0, root)
     packed = None
-    if riding or root_whole:
-        listed = tuple(c for c in riding if c is DOCUMENTS and documents_refused)
-        packed = PackedRead(root, root_plan if root_whole else None, tuple(riding), listed)
-    return FamilyRead(packed, tuple(alone), tuple(skipped))
+    if carried or root_whole:
+        listed = tuple(c for c in carried if c is DOCUMENTS and documents_refused)
+        packed = PackedRead(root, root_plan if root_whole else None, tuple(carried), listed)
+    return FamilyRead(packed, tuple(separately), tuple(skipped))

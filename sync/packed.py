@@ -41,7 +41,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
-from sync.extract import BatchWriter, Extraction, extract, fill
+from sync.extract import BatchWriter, Extraction, extract, record_writer
 from sync.family_plan import PackedRead, plan_family
 from sync.phase import Phase, enter
 from sync.progress import Progress
@@ -82,7 +82,7 @@ def extract_family(
                 say=say,
             )
         )
-    for entity in family_read.alone:
+    for entity in family_read.read_separately:
         one = inputs[entity.name]
         say.info(f"{entity.name}: {one.plan.mode.value} ({one.plan.reason})")
         results[entity.name] = extract(
@@ -129,7 +129,7 @@ def _packed_read(
         root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)
         if root_input.plan.moves_watermark:
             root_reconciler = Reconciler(root, client, take=root_writer.add, held=root_input.held)
-    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.riding]
+    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.carried]
     if read.listed:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
     if root_reconciler:  # a root that carries children is counted: the plan's estimate
@@ -174,11 +174,11 @@ def _packed_read(
             result.source_total = root_reconciler.total
         assert root_writer is not None
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
-        fill(result, root_writer, len(parents))
+        record_writer(result, root_writer, len(parents))
         results[root.name] = result
     for r in riders:
         if r.entity in read.listed:
-            r.short = list(parents)
+            r.parents_cut_short = list(parents)
         with client.stats.measure(spent[r.entity.name]):
             results[r.entity.name] = complete(r, parents, client, memory, say)
         results[r.entity.name].reason = r.choice
@@ -259,7 +259,7 @@ def _unpack(rider: Rider, record: dict, parent: Any) -> None:
     children = record.pop(rider.nav.name, None)
     count = record.pop(f"{rider.nav.name}@odata.count", None)
     if not isinstance(children, list) or not isinstance(count, int) or count > len(children):
-        rider.short.append(parent)
+        rider.parents_cut_short.append(parent)
         return
     rider.reached += count
     rider.arrived.extend(children)

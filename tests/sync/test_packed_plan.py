@@ -25,9 +25,9 @@ def test_children_ride_in_the_pages_of_a_root_read_whole() -> None:
         (DOCUMENTS, Mode.SNAPSHOT),
     )
     family = plan_family(PATIENT_FAMILY, chosen, documents_refused=False)
-    assert family.alone == () and family.skipped == ()
+    assert family.read_separately == () and family.skipped == ()
     packed = family.packed
-    assert packed is not None and packed.riding == (APPOINTMENTS, DOCUMENTS)
+    assert packed is not None and packed.carried == (APPOINTMENTS, DOCUMENTS)
     assert packed.expanded == (APPOINTMENTS, DOCUMENTS) and packed.payer is PATIENTS
     query = packed.query().params()
     assert "$select" not in query and "$count=true" in query["$expand"]
@@ -43,9 +43,9 @@ def test_an_increment_of_the_root_carries_only_the_children_without_a_set() -> N
         (DOCUMENTS, Mode.SNAPSHOT),
     )
     family = plan_family(PATIENT_FAMILY, chosen, documents_refused=False)
-    assert family.alone == (PATIENTS, APPOINTMENTS)
+    assert family.read_separately == (PATIENTS, APPOINTMENTS)
     packed = family.packed
-    assert packed is not None and packed.root_plan is None and packed.riding == (DOCUMENTS,)
+    assert packed is not None and packed.root_plan is None and packed.carried == (DOCUMENTS,)
     assert packed.payer is DOCUMENTS
     assert packed.query().params()["$select"] == PATIENTS.key
     assert "$filter" not in packed.query().params()  # every patient, to reach every document
@@ -58,14 +58,14 @@ def test_a_range_or_backfill_child_is_read_alone_and_a_skipped_one_not_at_all() 
         (VERIFICATIONS, Mode.SKIP),
     )
     family = plan_family(PRESCRIPTION_FAMILY, chosen, documents_refused=False)
-    assert family.alone == (CLAIMS,) and family.skipped == (VERIFICATIONS,)
-    assert family.packed is not None and family.packed.riding == ()
+    assert family.read_separately == (CLAIMS,) and family.skipped == (VERIFICATIONS,)
+    assert family.packed is not None and family.packed.carried == ()
     assert family.packed.payer is PRESCRIPTIONS  # read whole, carrying nothing
 
 
 def test_nothing_rides_when_nothing_is_carried() -> None:
     family = plan_family(PRESCRIPTION_FAMILY, plans((CLAIMS, Mode.INCREMENTAL)), False)
-    assert family.packed is None and family.alone == (CLAIMS,)
+    assert family.packed is None and family.read_separately == (CLAIMS,)
     assert plan_family(PRESCRIPTION_FAMILY, {}, False) == plan_family(PRESCRIPTION_FAMILY, {}, True)
 
 
@@ -79,6 +79,6 @@ def test_documents_the_service_refused_to_expand_are_listed_per_patient() -> Non
 def test_a_refusal_met_during_the_read_lists_the_documents_and_keeps_the_rest() -> None:
     read = PackedRead(PATIENTS, None, (APPOINTMENTS, DOCUMENTS))
     refused = read.listing_documents()
-    assert refused.riding == read.riding and refused.payer is APPOINTMENTS
+    assert refused.carried == read.carried and refused.payer is APPOINTMENTS
     assert refused.expanded == (APPOINTMENTS,) and refused.listed == (DOCUMENTS,)
     assert refused.listing_documents() == refused
