@@ -62,12 +62,7 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseAccess,
 )
-from sync.budget import (
-    needs_whole,
-    parse_budget,
-    staleness_figure,
-    staleness_hours,
-)
+from sync.budget import parse_budget, set_staleness, staleness_figure
 from sync.extract import Extraction
 from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
@@ -289,10 +284,8 @@ def build_load_asset(
                     snapshot=extraction.snapshot,
                     watermark=extraction.watermark,
                 )
-            hours = 0.0
-            if needs_whole(entity):
-                hours = staleness_hours(covered_since(wh.con, entity), datetime.now(UTC))
-            stale = {"source_staleness_hours": staleness_figure(hours)}
+            hours = set_staleness(entity, covered_since(wh.con, entity), datetime.now(UTC))
+            staleness = staleness_figure(hours or 0.0)
             count = checks.SourceCount.of(
                 wh.con,
                 entity,
@@ -306,7 +299,7 @@ def build_load_asset(
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)
             )
-            if needs_whole(entity):
+            if hours is not None:
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
             ended = SetResult(
                 entity.name,
@@ -315,7 +308,7 @@ def build_load_asset(
                 extraction.reconciliation.unreconciled,
                 failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
                 warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
-                staleness_hours=stale["source_staleness_hours"] if needs_whole(entity) else None,
+                staleness_hours=None if hours is None else staleness,
             )
             with wh.transaction():  # the run's figures and how the set ended, together
                 wh.add_to_run(
@@ -324,7 +317,7 @@ def build_load_asset(
                     result,
                     full_snapshot=sync_options.full,
                     reconciled=run_figures(extraction.reconciliation),
-                    staleness_hours=stale["source_staleness_hours"],
+                    staleness_hours=staleness,
                     started_at=run_started_at(context.instance, context.run.run_id),
                 )
                 wh.record_set_result(context.run.run_id, ended)
@@ -337,7 +330,7 @@ def build_load_asset(
                     **api_metadata(extraction),
                     **run_figures(extraction.reconciliation),  # `unreconciled` among them
                     **extraction.reconciliation.figures(),
-                    **stale,
+                    Figure.SOURCE_STALENESS_HOURS: staleness,
                     "watermark": watermark or "",
                     "lake_files_written": len(extraction.files),
                     **count.figures(),

@@ -127,7 +127,9 @@ def staleness_result(hours: float, threshold: float) -> AssetCheckResult:
             if math.isfinite(hours)
             else "never read whole"
         ),
-        metadata={"source_staleness_hours": staleness_figure(hours), "threshold_hours": threshold},
+        metadata=keyed_by_text(
+            {Figure.SOURCE_STALENESS_HOURS: staleness_figure(hours), "threshold_hours": threshold}
+        ),
     )
 
 

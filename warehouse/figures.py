@@ -40,6 +40,7 @@ class Figure(StrEnum):
     ROWS_REJECTED = "rows_rejected"
     LIVE_ROWS = "live_rows"  # rows of the set not soft-deleted after the load
     SOURCE_COUNT = "source_count"  # the set's count at the run's last look (-1: none)
+    SOURCE_STALENESS_HOURS = "source_staleness_hours"  # since read whole (-1: never)
 
 
 RECONCILE_FIGURES = (Figure.RECONCILED, Figure.RECONCILE_REQUESTS, Figure.UNRECONCILED)
