@@ -7,13 +7,14 @@ claim and insurance verification (`EntitySet.packs` in the catalogue). Completen
 proved, never assumed:
 
 1. **Per parent.** A parent whose nested count exceeds the children that came (the service
-   cut the collection short) has its children read the plain way, by a filter on the
-   reference (documents: listed per patient).
+   cut the collection short) has its children read by a filter on the reference
+   (documents: listed per patient).
 2. **Per set.** Children that no parent reaches (a null or a dangling reference) are the
    set's count when the read began less the nested counts. Those with a null reference are
-   read by `<reference> eq null`; the rest are found by the reconciliation's key ranges.
-   Where that costs more than reading the set plainly (dangling references spread through
-   the keys), the set is read plainly instead, and the plan says why.
+   read by `<reference> eq null`, those held under a parent not read by key
+   (sync/orphans.py), the rest found by the reconciliation's key ranges. Where that costs
+   more than reading the set alone (dangling references spread through the keys), the set
+   is read alone instead, and the plan says why (sync/rider_plan.py).
 3. **Under change.** Every set but the documents keeps its own `Reconciler`: what moved
    during the read is re-read before the batch is committed. An increment of a child (it
    has `updated_at`) reads its cursor range as well; a child the warehouse holds under a
@@ -22,6 +23,9 @@ proved, never assumed:
 Documents have no entity set: they come with their patients, or, where the service refuses
 to expand them (a 400, remembered in `ServiceMemory` and retried on the snapshot cadence),
 they are listed per patient. Logs carry counts only, never an id (PHI).
+
+Who rides and who is read alone is decided before any request (sync/family_plan.py); this
+module carries that plan out and measures each phase's requests to the set it works for.
 """
 
 from __future__ import annotations
