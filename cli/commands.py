@@ -20,6 +20,7 @@ from cli import log as cli_log
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
+from warehouse.figures import Figure
 
 if TYPE_CHECKING:
     from pipelines.webhook import Delivery
@@ -211,7 +212,7 @@ def status_json(
                 "last_run_id": s.last_run_id,
                 "last_loaded_at": s.last_loaded_at.isoformat() if s.last_loaded_at else None,
                 "exact": result.exact if result else None,
-                "unreconciled": result.unreconciled if result else None,
+                Figure.UNRECONCILED: result.unreconciled if result else None,
                 "failed_checks": list(result.failed_checks) if result else [],
                 "warned_checks": list(result.warned_checks) if result else [],
                 "staleness_hours": result.staleness_hours if result else None,

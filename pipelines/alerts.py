@@ -36,6 +36,7 @@ from pipelines.liveness import PID_TAG
 from pipelines.partitions import PARTITION_TAG, run_tenant
 from pipelines.verdict import Verdict, verdict_of_run
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
+from warehouse.figures import Figure
 
 ALERT_TAG = "clinical-sync/alert"  # sending, then sent or not delivered
 EXACT_TAG = "clinical-sync/exact"  # true or false, on every run that finished
@@ -77,8 +78,8 @@ def message(verdict: Verdict, warehouse: str, tenant: str | None = None) -> dict
         "not_exact": [
             {
                 "entity": e.entity,
-                "unreconciled": e.unreconciled,
-                "live_rows": e.live_rows,
+                Figure.UNRECONCILED: e.unreconciled,
+                Figure.LIVE_ROWS: e.live_rows,
                 "failed_checks": [
                     {"name": c.name, "figures": _numbers(c.metadata)} for c in e.failed
                 ],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,52 +62,46 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseAccess,
 )
-from sync.budget import (
-    allot,
-    costs_of,
-    needs_whole,
-    parse_budget,
-    staleness_figure,
-    staleness_hours,
-)
+from sync.budget import parse_budget, set_staleness, staleness_figure
 from sync.extract import Extraction
+from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
 from sync.phase import Phase, enter
 from sync.progress import current
 from sync.reconcile import Reconciliation
-from sync.riders import SetInput
 from sync.service_memory import ServiceMemory
 from sync.state import (
     LOCK_WAIT_SECONDS,
     Committed,
     covered_since,
 )
-from sync.strategy import Mode, Options, Plan, plan
+from sync.strategy import Mode
 from warehouse import ops
 from warehouse.ddl import ANALYTICS
+from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
 from warehouse.models import Model, models
-from warehouse.ops import UNRECONCILED
 from warehouse.publish import publish
 
-# Connector counters -> metadata labels the UI plots run over run.
-API_METADATA: dict[str, str] = {
-    "requests": "requests",
-    "pages": "pages",
-    "throttled": "throttled_429",
-    "retries": "retries",
-    "wait_seconds": "wait_seconds",
-    "token_refreshes": "token_refreshes",
+# The client's counters (`Counters`, as `Extraction.stats` holds them) as the UI plots them.
+API_FIGURES: dict[str, Figure] = {
+    "requests": Figure.REQUESTS,
+    "pages": Figure.PAGES,
+    "throttled": Figure.THROTTLED_429,
+    "retries": Figure.RETRIES,
+    "wait_seconds": Figure.WAIT_SECONDS,
+    "token_refreshes": Figure.TOKEN_REFRESHES,
 }
-LOAD_METADATA: tuple[str, ...] = (
-    "fetched",
-    "inserted",
-    "updated",
-    "unchanged",
-    "soft_deleted",
-    "resurrected",
-    "rejected",
-)
+# A load's `LoadResult` fields as the UI plots them.
+LOAD_FIGURES: dict[Figure, str] = {
+    Figure.ROWS_FETCHED: "fetched",
+    Figure.ROWS_INSERTED: "inserted",
+    Figure.ROWS_UPDATED: "updated",
+    Figure.ROWS_UNCHANGED: "unchanged",
+    Figure.ROWS_SOFT_DELETED: "soft_deleted",
+    Figure.ROWS_RESURRECTED: "resurrected",
+    Figure.ROWS_REJECTED: "rejected",
+}
 
 
 # What each strategy fetches, as the asset descriptions tell it in the UI.
@@ -121,32 +114,36 @@ STRATEGY_TEXT: dict[Strategy, str] = {
 }
 
 
-def run_figures(reconciliation: Reconciliation) -> dict[str, int]:
-    """A set's reconciliation as `ops.sync_runs` sums it."""
+def run_figures(reconciliation: Reconciliation) -> dict[Figure, int]:
+    """A set's reconciliation as `ops.sync_runs` sums it (`RECONCILE_FIGURES`)."""
     return {
-        "reconciled": reconciliation.reconciled,
-        "reconcile_requests": reconciliation.requests,
-        UNRECONCILED: reconciliation.unreconciled,
+        Figure.RECONCILED: reconciliation.reconciled,
+        Figure.RECONCILE_REQUESTS: reconciliation.requests,
+        Figure.UNRECONCILED: reconciliation.unreconciled,
     }
 
 
-def api_metadata(extraction: Extraction) -> dict[str, Any]:
-    return {label: extraction.stats.get(name, 0) for name, label in API_METADATA.items()}
+def api_metadata(extraction: Extraction) -> dict[Figure, Any]:
+    return {figure: extraction.stats.get(name, 0) for name, figure in API_FIGURES.items()}
 
 
 def extraction_metadata(extraction: Extraction) -> dict[str, Any]:
-    return {
-        "mode": extraction.mode.value,
-        "reason": extraction.reason,
-        "rows_fetched": extraction.fetched,
-        "rows_rejected": extraction.rejected,
-        "source_count": extraction.source_total if extraction.source_total is not None else -1,
-        "lake_files_written": len(extraction.files),
-        "watermark": extraction.watermark or "",
-        "seconds": extraction.seconds,
-        **api_metadata(extraction),
-        **extraction.reconciliation.metadata(),
-    }
+    return keyed_by_text(
+        {
+            "mode": extraction.mode.value,
+            "reason": extraction.reason,
+            Figure.ROWS_FETCHED: extraction.fetched,
+            Figure.ROWS_REJECTED: extraction.rejected,
+            Figure.SOURCE_COUNT: extraction.source_total
+            if extraction.source_total is not None
+            else -1,
+            "lake_files_written": len(extraction.files),
+            "watermark": extraction.watermark or "",
+            "seconds": extraction.seconds,
+            **api_metadata(extraction),
+            **extraction.reconciliation.metadata(),
+        }
+    )
 
 
 def _log_reconciliation(log: Any, extraction: Extraction) -> None:
@@ -170,19 +167,6 @@ def _selected_entities(context: AssetExecutionContext) -> list[str]:
     selection = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
     tables = {key.path[-1] for key in selection if key.path[0] in (LAKE_GROUP, CLINICAL_GROUP)}
     return [e.name for e in ALL_ENTITIES if e.table in tables]
-
-
-def _set_input(
-    committed: Committed, entity: EntitySet, todo: Plan, watermark: str | None
-) -> SetInput:
-    """What one set's extraction starts from: the keys an increment reconciles against and,
-    for a child riding in its parent's pages, the parent of each."""
-    one = SetInput(todo, watermark)
-    if todo.mode in (Mode.INCREMENTAL, Mode.RANGE):
-        one.held = committed.held_keys(entity)
-    if entity.name in RIDES_WITH and entity.contained_in is None and todo.moves_watermark:
-        one.parents = committed.parents(entity, RIDES_WITH[entity.name][1].remote)
-    return one
 
 
 def build_extract_asset(
@@ -221,13 +205,14 @@ def build_extract_asset(
         tenant = tenant_of(context)
         settings = clinical_api.settings(tenant)
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
-        inputs = {}
+        options = sync_options.options()
+        budget = parse_budget(sync_options.nightly_budget, settings.rate_limit)
         with Committed(warehouse.working(tenant)) as committed:  # one read-only look per step
-            options = _within_budget(context, sync_options, settings.rate_limit, committed)
-            for e in chosen:
-                state = committed.state(e)
-                todo = plan(e, state, options)
-                inputs[e.name] = _set_input(committed, e, todo, state.watermark)
+            if budget_applies(options, budget):
+                started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
+                options, told = within_budget(options, budget, *committed.sizes(), started)
+                context.log.info(told)
+            inputs = set_inputs(chosen, committed, options)
         the_lake = lake.lake(tenant)
         the_lake.record_source(
             settings.base_url, settings.customer, force=sync_options.force_source
@@ -251,33 +236,6 @@ def build_extract_asset(
             )
 
     return extract_family_assets
-
-
-def _within_budget(
-    context: Any, sync_options: SyncOptionsResource, rate: float, committed: Committed
-) -> Options:
-    """The run's options; under a nightly budget, with the sets read whole this run and the
-    key ranges read of others."""
-    options = sync_options.options()
-    budget = parse_budget(sync_options.nightly_budget, rate)
-    if budget is None or not options.exact or options.full or options.backfill:
-        return options
-    rows, read = committed.sizes()
-    started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
-    costs = costs_of(ALL_ENTITIES, rows, read)
-    allotment = allot(costs, budget, started)
-    ranges = [f"{name} ({pages} pages)" for name, pages in allotment.ranges.items()]
-    waiting = [
-        f"{c.entity.name} ({staleness_hours(c.read.covered_at, started):g} h stale)"
-        for c in costs
-        if needs_whole(c.entity) and c.entity.name not in allotment.whole
-    ]
-    context.log.info(
-        f"nightly budget {budget} requests: read whole "
-        f"{', '.join(sorted(allotment.whole)) or 'none'}; key ranges of "
-        f"{', '.join(ranges) or 'none'}; not whole: {', '.join(waiting) or 'none'}"
-    )
-    return replace(options, read_whole=allotment.whole, read_ranges=allotment.ranges)
 
 
 def _how(entity: EntitySet) -> str:
@@ -326,10 +284,8 @@ def build_load_asset(
                     snapshot=extraction.snapshot,
                     watermark=extraction.watermark,
                 )
-            hours = 0.0
-            if needs_whole(entity):
-                hours = staleness_hours(covered_since(wh.con, entity), datetime.now(UTC))
-            stale = {"source_staleness_hours": staleness_figure(hours)}
+            hours = set_staleness(entity, covered_since(wh.con, entity), datetime.now(UTC))
+            staleness = staleness_figure(hours or 0.0)
             count = checks.SourceCount.of(
                 wh.con,
                 entity,
@@ -343,7 +299,7 @@ def build_load_asset(
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)
             )
-            if needs_whole(entity):
+            if hours is not None:
                 results.append(checks.staleness_result(hours, sync_options.staleness_warn_hours))
             ended = SetResult(
                 entity.name,
@@ -352,7 +308,7 @@ def build_load_asset(
                 extraction.reconciliation.unreconciled,
                 failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
                 warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
-                staleness_hours=stale["source_staleness_hours"] if needs_whole(entity) else None,
+                staleness_hours=None if hours is None else staleness,
             )
             with wh.transaction():  # the run's figures and how the set ended, together
                 wh.add_to_run(
@@ -361,24 +317,26 @@ def build_load_asset(
                     result,
                     full_snapshot=sync_options.full,
                     reconciled=run_figures(extraction.reconciliation),
-                    staleness_hours=stale["source_staleness_hours"],
+                    staleness_hours=staleness,
                     started_at=run_started_at(context.instance, context.run.run_id),
                 )
                 wh.record_set_result(context.run.run_id, ended)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
-            metadata={
-                "mode": extraction.mode.value,
-                **{f"rows_{name}": getattr(result, name) for name in LOAD_METADATA},
-                **api_metadata(extraction),
-                **run_figures(extraction.reconciliation),  # `unreconciled` among them
-                **extraction.reconciliation.figures(),
-                **stale,
-                "watermark": watermark or "",
-                "lake_files_written": len(extraction.files),
-                **count.figures(),
-                "table": MetadataValue.text(f"clinical.{entity.table}"),
-            }
+            metadata=keyed_by_text(
+                {
+                    "mode": extraction.mode.value,
+                    **{figure: getattr(result, name) for figure, name in LOAD_FIGURES.items()},
+                    **api_metadata(extraction),
+                    **run_figures(extraction.reconciliation),  # `unreconciled` among them
+                    **extraction.reconciliation.figures(),
+                    Figure.SOURCE_STALENESS_HOURS: staleness,
+                    "watermark": watermark or "",
+                    "lake_files_written": len(extraction.files),
+                    **count.figures(),
+                    "table": MetadataValue.text(f"clinical.{entity.table}"),
+                }
+            )
         )
         yield from results
 

@@ -38,6 +38,7 @@ from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse import ops, quality
+from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import Warehouse
 
 UNIQUE_KEYS = "unique_keys"
@@ -126,7 +127,9 @@ def staleness_result(hours: float, threshold: float) -> AssetCheckResult:
             if math.isfinite(hours)
             else "never read whole"
         ),
-        metadata={"source_staleness_hours": staleness_figure(hours), "threshold_hours": threshold},
+        metadata=keyed_by_text(
+            {Figure.SOURCE_STALENESS_HOURS: staleness_figure(hours), "threshold_hours": threshold}
+        ),
     )
 
 
@@ -142,7 +145,7 @@ def reconciled_result(reconciliation: Reconciliation, skipped: bool) -> AssetChe
             if reconciliation.unconfirmed
             else reconciliation.blind or "exact: inserts, updates and deletes seen"
         ),
-        metadata=reconciliation.figures(),
+        metadata=keyed_by_text(reconciliation.figures()),
     )
 
 
@@ -186,15 +189,17 @@ class SourceCount:
 
     def figures(self) -> dict[str, int]:
         """As the run's metadata and the check's name them (-1: no count this run)."""
-        return {
-            "source_count": -1 if self.source is None else self.source,
-            "live_rows": self.live,
-            "rejected": self.rejected,
-            "missing": self.missing,
-            "extra": self.extra,
-            "duplicated": self.duplicated,
-            "stale": self.stale,
-        }
+        return keyed_by_text(
+            {
+                Figure.SOURCE_COUNT: -1 if self.source is None else self.source,
+                Figure.LIVE_ROWS: self.live,
+                "rejected": self.rejected,
+                "missing": self.missing,
+                "extra": self.extra,
+                "duplicated": self.duplicated,
+                "stale": self.stale,
+            }
+        )
 
 
 def table_check_results(count: SourceCount, unfit: dict[str, int]) -> list[AssetCheckResult]:

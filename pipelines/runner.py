@@ -52,24 +52,25 @@ from pipelines.verdict import (
 )
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from sync.budget import BUDGET_VARIABLE, parse_budget
+from warehouse.figures import Figure
 
 log = logging.getLogger(__name__)
 
-SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (  # a load's metadata key, its heading
     ("entity", "entity set"),
     ("mode", "mode"),
-    ("rows_fetched", "fetched"),
-    ("rows_inserted", "inserted"),
-    ("rows_updated", "updated"),
-    ("rows_soft_deleted", "deleted"),
-    ("rows_rejected", "rejected"),
-    ("reconciled", "reconciled"),
-    ("live_rows", "rows"),
-    ("requests", "requests"),
-    ("reconcile_requests", "of which reconciling"),
-    ("throttled_429", "429s"),
-    ("retries", "retries"),
-    ("wait_seconds", "wait s"),
+    (Figure.ROWS_FETCHED, "fetched"),
+    (Figure.ROWS_INSERTED, "inserted"),
+    (Figure.ROWS_UPDATED, "updated"),
+    (Figure.ROWS_SOFT_DELETED, "deleted"),
+    (Figure.ROWS_REJECTED, "rejected"),
+    (Figure.RECONCILED, "reconciled"),
+    (Figure.LIVE_ROWS, "rows"),
+    (Figure.REQUESTS, "requests"),
+    (Figure.RECONCILE_REQUESTS, "of which reconciling"),
+    (Figure.THROTTLED_429, "429s"),
+    (Figure.RETRIES, "retries"),
+    (Figure.WAIT_SECONDS, "wait s"),
 )
 
 
@@ -107,7 +108,7 @@ class SyncReport:
 
     @property
     def requests(self) -> int:
-        return int(sum(float(e.get("requests", 0)) for e in self.entities.values()))
+        return int(sum(float(e.get(Figure.REQUESTS, 0)) for e in self.entities.values()))
 
     def table(self) -> str:
         """The summary table printed at the end of a sync."""
@@ -115,7 +116,7 @@ class SyncReport:
         for name, figures in self.entities.items():
             values = {"entity": name, **figures}
             rows.append([_cell(values.get(key, "")) for key, _ in SUMMARY_COLUMNS])
-        total = {"entity": "total", "requests": self.requests}
+        total = {"entity": "total", Figure.REQUESTS: self.requests}
         rows.append([_cell(total.get(key, "")) for key, _ in SUMMARY_COLUMNS])
         widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_COLUMNS))]
         lines = ["  ".join(_align(r, widths)) for r in rows]

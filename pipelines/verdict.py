@@ -28,9 +28,8 @@ from pipelines import checks
 from pipelines.keys import CLINICAL_GROUP
 from pipelines.run_failures import root_failures
 from warehouse.errors import SourceMismatch, WarehouseLocked
-from warehouse.ops import UNRECONCILED
+from warehouse.figures import Figure
 
-LIVE_ROWS = "live_rows"  # the load's metadata figure: rows not soft-deleted
 EVENTS = {
     DagsterEventType.ASSET_MATERIALIZATION,
     DagsterEventType.ASSET_CHECK_EVALUATION,
@@ -130,8 +129,8 @@ def verdict(run_id: str, job: str, success: bool, events: Sequence[DagsterEvent]
         SetEnding(
             entity=BY_TABLE[table].name if table in BY_TABLE else table,
             failed=tuple(c for c in errors if c.table == table),
-            unreconciled=int(figures.get(table, {}).get(UNRECONCILED, 0)),
-            live_rows=figures.get(table, {}).get(LIVE_ROWS),
+            unreconciled=int(figures.get(table, {}).get(Figure.UNRECONCILED, 0)),
+            live_rows=figures.get(table, {}).get(Figure.LIVE_ROWS),
         )
         for table in tables
     )

@@ -148,6 +148,12 @@ def staleness_hours(covered_at: datetime | None, now: datetime) -> float:
     return round(max(0.0, (now - covered_at).total_seconds() / 3600), 4)
 
 
+def set_staleness(entity: EntitySet, covered_at: datetime | None, now: datetime) -> float | None:
+    """Hours since every record of a set without `updated_at` was read (inf: never); None for
+    the others, whose updates every run reads: they are never stale."""
+    return staleness_hours(covered_at, now) if needs_whole(entity) else None
+
+
 def costs_of(
     entities: Sequence[EntitySet], rows: Mapping[str, int], read: Mapping[str, Coverage]
 ) -> list[SetCost]:

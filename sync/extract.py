@@ -208,7 +208,7 @@ def _text(key: Any) -> str | None:
     return None if key is None else str(key)
 
 
-def fill(result: Extraction, writer: BatchWriter, fetched: int) -> None:
+def record_writer(result: Extraction, writer: BatchWriter, fetched: int) -> None:
     """What a finished writer left in the lake, into the extraction's result."""
     result.files = writer.files
     result.rejected = writer.rejected
@@ -236,37 +236,37 @@ def extract(
     if plan.mode is Mode.SKIP:
         return result
     started = time.monotonic()
-    enter(Phase.EXTRACT, entity.name)
-    writer = BatchWriter(lake, plan, run_id, previous_watermark)
-    reconciler = None
-    if plan.moves_watermark:  # a backfill reads a date range, not the set
-        reconciler = Reconciler(entity, client, take=writer.add, held=held)
-        reconciler.begin()
-    progress.start(entity.name)
-    key_range = KeyRange.of(plan, held) if plan.mode is Mode.RANGE else None
-    reads: list[tuple[Expr | None, KeyRange | None]] = []
-    if key_range is None or plan.since is not None:  # a RANGE without a cursor: the range only
-        reads.append((cursor_filter(plan), None))
-    if key_range is not None:
-        writer.key_range = key_range.as_text()
-        reads.append((key_range.filter(), key_range))
-    for condition, within in reads:
-        for page in client.iter_pages(entity, Query(entity, filter=condition)):
-            writer.add(page.records)
-            if reconciler:
-                reconciler.read(page.records)
-            if within:
-                within.read(page.records)
-            result.fetched += len(page.records)
-            progress.page(entity.name, len(page.records), page.total)
-    if key_range is not None and reconciler:
-        reconciler.forget(key_range.gone())  # held in the range, not in it now: deleted
-    if reconciler:
-        result.reconciliation = reconciler.finish(budget)
-        result.source_total = reconciler.total  # the set as it stands at the end
-    writer.finish(reconciler.deleted_keys() if reconciler else None)
-    progress.finish(entity.name)
-    fill(result, writer, result.fetched)
-    result.stats = client.stats.as_dict()
+    with client.stats.measure(result.stats):  # its own cost, on a client it may share
+        enter(Phase.EXTRACT, entity.name)
+        writer = BatchWriter(lake, plan, run_id, previous_watermark)
+        reconciler = None
+        if plan.moves_watermark:  # a backfill reads a date range, not the set
+            reconciler = Reconciler(entity, client, take=writer.add, held=held)
+            reconciler.begin()
+        progress.start(entity.name)
+        key_range = KeyRange.of(plan, held) if plan.mode is Mode.RANGE else None
+        reads: list[tuple[Expr | None, KeyRange | None]] = []
+        if key_range is None or plan.since is not None:  # a RANGE without a cursor: range only
+            reads.append((cursor_filter(plan), None))
+        if key_range is not None:
+            writer.key_range = key_range.as_text()
+            reads.append((key_range.filter(), key_range))
+        for condition, within in reads:
+            for page in client.iter_pages(entity, Query(entity, filter=condition)):
+                writer.add(page.records)
+                if reconciler:
+                    reconciler.read(page.records)
+                if within:
+                    within.read(page.records)
+                result.fetched += len(page.records)
+                progress.page(entity.name, len(page.records), page.total)
+        if key_range is not None and reconciler:
+            reconciler.forget(key_range.gone())  # held in the range, not in it now: deleted
+        if reconciler:
+            result.reconciliation = reconciler.finish(budget)
+            result.source_total = reconciler.total  # the set as it stands at the end
+        writer.finish(reconciler.deleted_keys() if reconciler else None)
+        progress.finish(entity.name)
+        record_writer(result, writer, result.fetched)
     result.seconds = round(time.monotonic() - started, 3)
     return result

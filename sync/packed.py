@@ -7,13 +7,14 @@ claim and insurance verification (`EntitySet.packs` in the catalogue). Completen
 proved, never assumed:
 
 1. **Per parent.** A parent whose nested count exceeds the children that came (the service
-   cut the collection short) has its children read the plain way, by a filter on the
-   reference (documents: listed per patient).
+   cut the collection short) has its children read by a filter on the reference
+   (documents: listed per patient).
 2. **Per set.** Children that no parent reaches (a null or a dangling reference) are the
    set's count when the read began less the nested counts. Those with a null reference are
-   read by `<reference> eq null`; the rest are found by the reconciliation's key ranges.
-   Where that costs more than reading the set plainly (dangling references spread through
-   the keys), the set is read plainly instead, and the plan says why.
+   read by `<reference> eq null`, those held under a parent not read by key
+   (sync/orphans.py), the rest found by the reconciliation's key ranges. Where that costs
+   more than reading the set alone (dangling references spread through the keys), the set
+   is read alone instead, and the plan says why (sync/rider_plan.py).
 3. **Under change.** Every set but the documents keeps its own `Reconciler`: what moved
    during the read is re-read before the batch is committed. An increment of a child (it
    has `updated_at`) reads its cursor range as well; a child the warehouse holds under a
@@ -22,6 +23,9 @@ proved, never assumed:
 Documents have no entity set: they come with their patients, or, where the service refuses
 to expand them (a 400, remembered in `ServiceMemory` and retried on the snapshot cadence),
 they are listed per patient. Logs carry counts only, never an id (PHI).
+
+Who rides and who is read alone is decided before any request (sync/family_plan.py); this
+module carries that plan out and measures each phase's requests to the set it works for.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from connectors.clinical_records.catalogue import (
@@ -40,8 +45,8 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
-from connectors.clinical_records.query import Expand, Query
-from sync.extract import BatchWriter, Extraction, cursor_filter, extract, fill
+from sync.extract import BatchWriter, Extraction, extract, record_writer
+from sync.family_plan import PackedRead, plan_family
 from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler
@@ -51,24 +56,6 @@ from sync.strategy import Mode, Plan
 from warehouse.lake import Lake
 
 log = logging.getLogger(__name__)
-
-
-class Meter:
-    """Attributes the shared client's counters to the set a phase works for."""
-
-    def __init__(self, client: ClinicalClient) -> None:
-        self.client = client
-        self.spent: dict[str, dict[str, float]] = {}
-
-    def charge(self, name: str, work: Callable[[], Any]) -> Any:
-        before = self.client.stats.as_dict()
-        try:
-            return work()
-        finally:
-            after = self.client.stats.as_dict()
-            mine = self.spent.setdefault(name, {})
-            for k, v in after.items():
-                mine[k] = round(mine.get(k, 0) + v - before.get(k, 0), 3)
 
 
 def extract_family(
@@ -83,50 +70,37 @@ def extract_family(
     say: Any = log,
 ) -> dict[str, Extraction]:
     """Extract the selected sets of `family` (root first) in as few requests as is exact."""
-    root, children = family[0], family[1:]
-    meter = Meter(client)
-    results: dict[str, Extraction] = {}
-    root_input = inputs.get(root.name)
-    root_whole = root_input is not None and root_input.plan.mode is Mode.SNAPSHOT
-    riding: list[EntitySet] = []
-    plain: list[EntitySet] = []
-    for child in children:
-        child_input = inputs.get(child.name)
-        if child_input is None or child_input.plan.mode is Mode.SKIP:
-            if child_input is not None:
-                results[child.name] = _skipped(child_input.plan, run_id)
-            continue
-        rides = child_input.plan.mode in (Mode.SNAPSHOT, Mode.INCREMENTAL)
-        (riding if rides and (root_whole or child.contained_in) else plain).append(child)
-    alone = plain if root_whole or root_input is None else [root, *plain]
-    carrying = root_input if root_whole else None
-    if riding or carrying is not None:
+    plans = {name: one.plan for name, one in inputs.items()}
+    family_read = plan_family(family, plans, memory.refuses(DOCUMENTS_REFUSED))
+    results = {c.name: _skipped(plans[c.name], run_id) for c in family_read.skipped}
+    if family_read.packed is not None:
         results.update(
             _packed_read(
-                root, carrying, riding, inputs, client, lake, meter, run_id, progress, memory, say
-            )
-        )
-    for entity in alone:
-        one = inputs[entity.name]
-        say.info(f"{entity.name}: {one.plan.mode.value} ({one.plan.reason})")
-        results[entity.name] = meter.charge(
-            entity.name,
-            lambda i=one: extract(
-                i.plan,
+                family_read.packed,
+                inputs,
                 client,
                 lake,
                 run_id=run_id,
-                previous_watermark=i.watermark,
                 progress=progress,
-                held=i.held,
-            ),
+                memory=memory,
+                say=say,
+            )
         )
-    for name, result in results.items():
-        if name in meter.spent:
-            result.stats = meter.spent[name]
-    spent = {n: int(v.get("requests", 0)) for n, v in meter.spent.items()}
+    for entity in family_read.read_separately:
+        one = inputs[entity.name]
+        say.info(f"{entity.name}: {one.plan.mode.value} ({one.plan.reason})")
+        results[entity.name] = extract(
+            one.plan,
+            client,
+            lake,
+            run_id=run_id,
+            previous_watermark=one.watermark,
+            progress=progress,
+            held=one.held,
+        )
+    spent = {n: int(r.stats.get("requests", 0)) for n, r in results.items() if r.stats}
     say.info(
-        f"{root.name} and its family: {sum(spent.values())} requests "
+        f"{family[0].name} and its family: {sum(spent.values())} requests "
         f"({', '.join(f'{n} {k}' for n, k in spent.items())})"
     )
     return results
@@ -137,104 +111,109 @@ def _skipped(plan: Plan, run_id: str) -> Extraction:
 
 
 def _packed_read(
-    root: EntitySet,
-    root_input: SetInput | None,
-    riding: list[EntitySet],
+    read: PackedRead,
     inputs: Mapping[str, SetInput],
     client: ClinicalClient,
     lake: Lake,
-    meter: Meter,
+    *,
     run_id: str,
     progress: Progress,
     memory: ServiceMemory,
     say: Any,
 ) -> dict[str, Extraction]:
-    """The root read whole (or its keys only, to carry its children), children unpacked."""
+    """Carry out `read`: the parents' pages, the children unpacked from them, then each
+    child completed (sync/riders.py); every phase measured to the set it works for."""
     started = time.monotonic()
-    carrier = root.name if root_input is not None else riding[0].name  # who pays the read
-    enter(Phase.EXTRACT, carrier)
+    spent: dict[str, dict[str, float]] = defaultdict(dict)  # per set, what its phases cost
+    root, payer = read.root, read.payer.name
+    root_input = inputs[root.name] if read.root_plan is not None else None
+    enter(Phase.EXTRACT, payer)
     root_writer = root_reconciler = None
     if root_input is not None:
         root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)
         if root_input.plan.moves_watermark:
             root_reconciler = Reconciler(root, client, take=root_writer.add, held=root_input.held)
-    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in riding]
-    listed_alone = [
-        r for r in riders if r.entity is DOCUMENTS and memory.refuses(DOCUMENTS_REFUSED)
-    ]
-    if listed_alone:
+    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.carried]
+    if read.listed:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
-    expanded = [r for r in riders if r not in listed_alone]
     if root_reconciler:  # a root that carries children is counted: the plan's estimate
-        meter.charge(root.name, lambda: root_reconciler.begin(counted=bool(riders)))
+        with client.stats.measure(spent[root.name]):
+            root_reconciler.begin(counted=bool(riders))
     for r in riders:
         if r.reconciler:
-            meter.charge(r.entity.name, lambda r=r: r.reconciler.begin(counted=True))
+            with client.stats.measure(spent[r.entity.name]):
+                r.reconciler.begin(counted=True)
     _announce(
         root, root_input, root_reconciler.started_total if root_reconciler else None, riders, say
     )
 
-    select = None if root_input is not None else [root.key]
-    filter_ = cursor_filter(root_input.plan) if root_input is not None else None
     parents: list[Any] = []
     progress.start(root.name)
-
-    def read(with_: list[Rider]) -> None:
-        query = Query(
-            root,
-            filter=filter_,
-            select=select,
-            expand=[Expand(r.nav.name, count=True) for r in with_],
-        )
-        for page in client.iter_pages(root, query):
-            for record in page.records:
-                key = record.get(root.key)
-                parents.append(key)
-                for r in with_:
-                    _unpack(r, record, key)
-            if root_writer:
-                root_writer.add(page.records)
-            if root_reconciler:
-                root_reconciler.read(page.records)
-            progress.page(root.name, len(page.records), page.total)
-
     try:
-        meter.charge(carrier, lambda: read(expanded))
+        with client.stats.measure(spent[payer]):
+            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
+                parents.append(key)
     except BadRequest as refused:
-        if not any(r.entity is DOCUMENTS for r in expanded) or parents:
+        if not any(c is DOCUMENTS for c in read.expanded) or parents:
             raise
         memory.refuse(DOCUMENTS_REFUSED)
         say.warning(
             f"{DOCUMENTS.name}: the service refused $expand of them ({refused.status}); they "
             f"are listed per patient, one request each, until it is tried again"
         )
-        listed_alone += [r for r in expanded if r.entity is DOCUMENTS]
-        expanded = [r for r in expanded if r.entity is not DOCUMENTS]
-        meter.charge(carrier, lambda: read(expanded))
+        read = read.listing_documents()
+        with client.stats.measure(spent[payer]):
+            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
+                parents.append(key)
     progress.finish(root.name)
-    if any(r.entity is DOCUMENTS for r in expanded):
+    if any(c is DOCUMENTS for c in read.expanded):
         memory.accepted(DOCUMENTS_REFUSED)
 
     results: dict[str, Extraction] = {}
     if root_input is not None:
         result = Extraction(root.name, root_input.plan.mode, root_input.plan.reason, run_id)
         if root_reconciler:
-            result.reconciliation = meter.charge(root.name, root_reconciler.finish)
+            with client.stats.measure(spent[root.name]):
+                result.reconciliation = root_reconciler.finish()
             result.source_total = root_reconciler.total
         assert root_writer is not None
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
-        fill(result, root_writer, len(parents))
+        record_writer(result, root_writer, len(parents))
         results[root.name] = result
     for r in riders:
-        if r in listed_alone:
-            r.short = list(parents)
-        results[r.entity.name] = meter.charge(
-            r.entity.name, lambda r=r: complete(r, parents, client, memory, say)
-        )
+        if r.entity in read.listed:
+            r.parents_cut_short = list(parents)
+        with client.stats.measure(spent[r.entity.name]):
+            results[r.entity.name] = complete(r, parents, client, memory, say)
         results[r.entity.name].reason = r.choice
-    for result in results.values():
+    for name, result in results.items():
+        result.stats = spent[name]
         result.seconds = round(time.monotonic() - started, 3)
     return results
+
+
+def _parent_keys(
+    read: PackedRead,
+    riders: list[Rider],
+    client: ClinicalClient,
+    root_writer: BatchWriter | None,
+    root_reconciler: Reconciler | None,
+    progress: Progress,
+) -> Iterator[Any]:
+    """The parents' pages as they come: each parent's key, once its expanded children are
+    taken off it onto their riders; the root's records to its writer and reconciler."""
+    root, expanded = read.root, [r for r in riders if r.entity not in read.listed]
+    for page in client.iter_pages(root, read.query()):
+        for record in page.records:
+            key = record.get(root.key)
+            for r in expanded:
+                _unpack(r, record, key)
+            yield key
+        if root_writer:
+            root_writer.add(page.records)
+        if root_reconciler:
+            root_reconciler.read(page.records)
+        progress.page(root.name, len(page.records), page.total)
 
 
 def _rider(
@@ -284,7 +263,7 @@ def _unpack(rider: Rider, record: dict, parent: Any) -> None:
     children = record.pop(rider.nav.name, None)
     count = record.pop(f"{rider.nav.name}@odata.count", None)
     if not isinstance(children, list) or not isinstance(count, int) or count > len(children):
-        rider.short.append(parent)
+        rider.parents_cut_short.append(parent)
         return
     rider.reached += count
     rider.arrived.extend(children)

@@ -54,6 +54,7 @@ from sync.reconcile_mark import ChangeMark, blind_spot
 from sync.reconcile_ranges import KeyRanges, search_cost
 from sync.reconcile_ranges import Span as Span  # callers import it from here
 from sync.reconcile_source import ClientSource, Source
+from warehouse.figures import Figure
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Reconciliation:
         """The numbers, as run metadata (plotted in the UI) and check metadata name them."""
         words = ("blind", "parent_counts_refused")
         named = {f"reconcile_{k}": v for k, v in asdict(self).items() if k not in words}
-        return {**named, "reconciled": self.reconciled}
+        return {**named, Figure.RECONCILED: self.reconciled}
 
     def metadata(self) -> dict[str, Any]:
         return {**self.figures(), "reconcile_blind": self.blind}

@@ -58,10 +58,11 @@ class ClientSource:
 
     @contextmanager
     def _counted(self) -> Iterator[None]:
-        """The only spot that counts reconciliation's requests: the client's counter moves
-        by what this source sent (the client is shared, so not its total)."""
-        before = self.client.stats.requests
+        """The only spot that counts reconciliation's requests, by the client's one meter:
+        what this source sent (the client is shared, so not its total)."""
+        spent: dict[str, float] = {}
         try:
-            yield
+            with self.client.stats.measure(into=spent):
+                yield
         finally:
-            self.requests += self.client.stats.requests - before
+            self.requests += int(spent.get("requests", 0))

@@ -5,7 +5,6 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +21,10 @@ from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.keys import entity_key, key_text
 from connectors.clinical_records.query import F, Query
 from sync import orphans
-from sync.extract import BatchWriter, Extraction, cursor_filter, fill
+from sync.extract import BatchWriter, Extraction, cursor_filter, record_writer
 from sync.phase import Phase, enter
 from sync.reconcile import Reconciler, Reconciliation
+from sync.rider_plan import Completion, held_children
 from sync.service_memory import ServiceMemory
 from sync.strategy import Mode, Plan
 
@@ -55,14 +55,16 @@ class Rider:
     reconciler: Reconciler | None
     arrived: list[dict] = field(default_factory=list)
     reached: int = 0  # the nested counts of the parents read
-    short: list[Any] = field(default_factory=list)  # parents whose children did not all come
+    parents_cut_short: list[Any] = field(default_factory=list)  # their children did not all come
     fetched: int = 0
     keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
     no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
     refs: dict[Any, Any] = field(default_factory=dict)  # key -> its parent reference, as sent
     choice: str = ""
 
-    def take(self, records: list[dict]) -> None:
+    def add(self, records: list[dict]) -> None:
+        """Records of this set, however they came: to the batch, the reconciler, and the
+        keys, references and null references the completion weighs."""
         for start in range(0, len(records), PAGE_SIZE):  # as pages come: the writer's rhythm
             self.writer.add(records[start : start + PAGE_SIZE])
         if self.reconciler:
@@ -85,15 +87,6 @@ class Rider:
         return entity_key(self.entity, record.get(self.entity.key))
 
 
-def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
-    """Requests to find the children no parent reaches: the null ones by a filter, each
-    dangling one by halving key ranges (bounded by reading the whole set)."""
-    found = math.ceil(nulls / PAGE_SIZE) + (1 if nulls else 0)
-    if dangling:
-        found += min(pages, math.ceil(dangling * (2 + math.log2(max(2, pages / dangling)))))
-    return found
-
-
 def complete(
     rider: Rider, parents: list[Any], client: ClinicalClient, memory: ServiceMemory, say: Any
 ) -> Extraction:
@@ -104,87 +97,81 @@ def complete(
     enter(Phase.EXTRACT, entity.name)
     result = Extraction(entity.name, plan.mode, plan.reason, rider.writer.run_id)
     if entity is DOCUMENTS:
-        rider.take(rider.arrived)
-        rider.take(list(_list_documents(client, rider.short)))
-        rider.choice = (
-            f"with their patients; {len(rider.short)} patients listed alone"
-            if rider.short
-            else "with their patients"
-        )
-        rider.writer.finish()
-        result.reconciliation = Reconciliation(blind=DOCUMENTS_BLIND)
-        result.source_total = rider.fetched
-        fill(result, rider.writer, rider.fetched)
-        say.info(f"{entity.name}: {rider.fetched} read, {rider.choice}")
-        return result
+        return _complete_documents(rider, client, result, say)
     reconciler = rider.reconciler
     assert reconciler is not None and reconciler.started_total is not None
-    pages = max(1, math.ceil(reconciler.started_total / PAGE_SIZE))
     remote = rider.nav.remote
-    read_whole = {key_text(p) for p in parents} - {key_text(p) for p in rider.short}
-    # Held last run under a parent that was not read now (deleted, or never there): a
-    # snapshot asks for each by key. Held under a parent read whole, and not come with it:
-    # gone.
-    known, gone = [], []
-    for k, parent in rider.input.parents.items():
-        key = entity_key(entity, k)
-        if key is None:
-            continue
-        if parent is None:
-            rider.no_parent.add(key)
-            continue
-        (gone if key_text(parent) in read_whole else known).append(key)
+    read_whole = {key_text(p) for p in parents} - {key_text(p) for p in rider.parents_cut_short}
+    held = held_children(entity, rider.input.parents, read_whole)
+    rider.no_parent.update(held.without_parent)
+    known, gone = list(held.under_parent_not_read), held.under_parent_read
     new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
-        not_reached = max(0, reconciler.started_total - rider.reached)
-        nulls = client.count(entity, F(remote) == None) if not_reached else 0  # noqa: E711
-        new = max(0, not_reached - nulls - len(known))
-        again = orphans.requests(entity, known, memory)
-        find = orphan_cost(pages, nulls, new) + again + len(rider.short)
-        if find < pages:
-            rider.choice = (
-                f"with its parents; {nulls} with no parent read by filter, {len(known)} held "
-                f"under a parent not read asked for by key in {again} requests, about {new} new "
-                f"with a missing parent found by key ranges, {len(rider.short)} parents read "
-                f"alone (about {find} requests against {pages} to read it alone)"
-            )
-            rider.take(rider.arrived)
-            if nulls:
-                rider.take(_all(client, entity, F(remote) == None))  # noqa: E711
+        some_not_reached = reconciler.started_total > rider.reached
+        nulls = client.count(entity, F(remote) == None) if some_not_reached else 0  # noqa: E711
+        completion = Completion(
+            reconciler.started_total,
+            rider.reached,
+            nulls,
+            len(known),
+            orphans.requests(entity, known, memory),
+            len(rider.parents_cut_short),
+        )
+        rider.choice = completion.reason()
+        if completion.read_alone:
+            rider.add(_all(client, entity, None))
+            known, rider.parents_cut_short = [], []
         else:
-            rider.choice = (
-                f"read alone: {nulls} with no parent, {len(known)} under a parent not read "
-                f"and about {new} new with a missing parent would cost about {find} "
-                f"requests to find, reading it costs {pages}"
-            )
-            rider.take(_all(client, entity, None))
-            known, rider.short, new = [], [], 0
+            rider.add(rider.arrived)
+            if nulls:
+                rider.add(_all(client, entity, F(remote) == None))  # noqa: E711
+            new = completion.new
     else:
-        rider.take(rider.arrived)
-        rider.take(_all(client, entity, cursor_filter(plan)))
-        rider.choice = f"{plan.reason}, and with its parents; {len(rider.short)} parents read alone"
+        rider.add(rider.arrived)
+        rider.add(_all(client, entity, cursor_filter(plan)))
+        rider.choice = f"{plan.reason}, and with its parents; {len(rider.parents_cut_short)} parents read alone"
         known = []  # their writes come by cursor; a delete among them shows in the count
         _settle_no_parent(rider, client, reconciler)
-    for parent in rider.short:
+    for parent in rider.parents_cut_short:
         children = _all(client, entity, F(remote) == parent)
-        rider.take(children)
+        rider.add(children)
         new = max(0, new - len(children))  # not reached, but no orphans
     known = [k for k in known if k not in rider.keys]
     found = orphans.read_known(client, entity, known, memory, say)
-    rider.take(found)
+    rider.add(found)
     reconciler.forget(k for k in gone if k not in rider.keys)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     if new:  # children of parents deleted before their page: searched by their reference
         parents_read = {key_text(p) for p in parents}
         found = reconciler.find_children(remote, sorted(rider.refs.values()), new, parents_read)
-        rider.take(found)
+        rider.add(found)
         new = max(0, new - sum(key_text(r.get(remote)) not in parents_read for r in found))
     say.info(f"{entity.name}: {rider.choice}")
     result.reconciliation = reconciler.finish(expected_new=new)
     result.source_total = reconciler.total
     rider.writer.finish(reconciler.deleted_keys())
-    fill(result, rider.writer, rider.fetched)
+    record_writer(result, rider.writer, rider.fetched)
+    return result
+
+
+def _complete_documents(
+    rider: Rider, client: ClinicalClient, result: Extraction, say: Any
+) -> Extraction:
+    """The documents that came with their patients, and those of each patient whose
+    documents did not all come (or were not expanded), listed one patient at a time."""
+    rider.add(rider.arrived)
+    rider.add(list(_list_documents(client, rider.parents_cut_short)))
+    rider.choice = (
+        f"with their patients; {len(rider.parents_cut_short)} patients listed alone"
+        if rider.parents_cut_short
+        else "with their patients"
+    )
+    rider.writer.finish()
+    result.reconciliation = Reconciliation(blind=DOCUMENTS_BLIND)
+    result.source_total = rider.fetched
+    record_writer(result, rider.writer, rider.fetched)
+    say.info(f"{rider.entity.name}: {rider.fetched} read, {rider.choice}")
     return result
 
 
@@ -197,7 +184,7 @@ def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconcil
         return
     records = _all(client, entity, F(remote) == None)  # noqa: E711
     there = {rider.key(r) for r in records}
-    rider.take(records)
+    rider.add(records)
     reconciler.forget(expected - there)
 
 

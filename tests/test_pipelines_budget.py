@@ -1,10 +1,9 @@
-"""The nightly budget: parsed with a clear error, the stalest sets read whole first, and a
-run over budget says how stale each set is (metadata and a warning check)."""
+"""The nightly budget in a run: a run over budget reads the stalest sets whole and says how
+stale each set is (metadata and a warning check); its decisions: tests/sync/test_budget.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import duckdb
 import pytest
@@ -12,7 +11,6 @@ from dagster import DagsterInstance
 
 from connectors.clinical_records.catalogue import (
     ALL_ENTITIES,
-    DOCUMENTS,
     INSURANCE_VERIFICATIONS,
     PATIENTS,
     PRESCRIPTIONS,
@@ -24,14 +22,8 @@ from pipelines.checks import STALENESS
 from pipelines.runner import sync
 from sync.budget import (
     PER_SET,
-    Allotment,
-    Coverage,
-    SetCost,
-    allot,
     costs_of,
-    parse_budget,
     reserve,
-    staleness_hours,
 )
 from tests.truth import canonical, live_rows
 
@@ -42,84 +34,6 @@ def duckdb_rows(path: str, sql: str, *params: object) -> list[tuple]:
     """Rows of the published warehouse (the sync publishes after every run)."""
     with duckdb.connect(path, read_only=True) as con:
         return con.execute(sql, list(params)).fetchall()
-
-
-def test_budget_is_requests_or_minutes_at_the_rate():
-    assert parse_budget(None, 2.0) is None and parse_budget(" ", 2.0) is None
-    assert parse_budget("1500", 2.0) == 1500
-    assert parse_budget("30m", 2.0) == 3600 and parse_budget("1.5 min", 4.0) == 360
-    for bad in ("lots", "-5", "0", "10h"):
-        with pytest.raises(ConfigError, match="CLINICAL_NIGHTLY_BUDGET"):
-            parse_budget(bad, 2.0)
-
-
-def costs(last: dict[str, datetime | None], rows: int = 2000) -> list[SetCost]:
-    return [
-        SetCost(e, rows, Coverage(last.get(e.name, NOW - timedelta(days=1)))) for e in ALL_ENTITIES
-    ]
-
-
-# Patients (and its documents) stalest, then InsuranceVerifications, then Prescriptions.
-STALENESS_SPREAD = {
-    PATIENTS.name: NOW - timedelta(days=3),
-    PRESCRIPTIONS.name: NOW - timedelta(days=1),
-    INSURANCE_VERIFICATIONS.name: NOW - timedelta(days=2),
-    DOCUMENTS.name: NOW - timedelta(days=3),
-}
-
-
-def test_the_stalest_sets_are_read_whole_first_and_children_ride_free():
-    everything = costs(STALENESS_SPREAD)
-    one_set = reserve(everything) + 2000 // 100 + 3
-    chosen = allot(everything, one_set, NOW)
-    # Patients is stalest and fits; its documents ride in its pages at no cost.
-    assert chosen.whole == {PATIENTS.name, DOCUMENTS.name}
-    assert chosen.ranges == {}
-    # With room for two: Prescriptions next (InsuranceVerifications then ride free).
-    both = allot(everything, one_set + 23, NOW)
-    assert both.whole == {
-        PATIENTS.name,
-        DOCUMENTS.name,
-        PRESCRIPTIONS.name,
-        INSURANCE_VERIFICATIONS.name,
-    }
-    assert allot(everything, 0, NOW) == Allotment()
-
-
-def test_what_is_left_reads_key_ranges_of_the_stalest_sets_that_did_not_fit():
-    everything = costs(STALENESS_SPREAD)
-    one_set = reserve(everything) + 2000 // 100 + 3
-    # Patients whole; 12 left: InsuranceVerifications (staler) gets 9 pages of a range.
-    some = allot(everything, one_set + 12, NOW)
-    assert some.whole == {PATIENTS.name, DOCUMENTS.name}
-    assert some.ranges == {INSURANCE_VERIFICATIONS.name: 9}
-    # No set fits whole: the stalest reads a range, documents never (no keys to range).
-    tight = allot(everything, reserve(everything) + 10, NOW)
-    assert tight == Allotment(frozenset(), {PATIENTS.name: 7})
-    # A set read in part by this run keeps its place for the run's later steps.
-    read = [
-        replace(c, read=Coverage(c.read.covered_at, NOW)) if c.entity is PRESCRIPTIONS else c
-        for c in everything
-    ]
-    assert allot(read, reserve(read) + 10, NOW - timedelta(minutes=5)).ranges == {
-        PRESCRIPTIONS.name: 7
-    }
-
-
-def test_a_set_this_run_already_read_whole_keeps_its_place():
-    """Steps of one run decide alone: a set that an earlier step read whole (its last read is
-    after the run began) is counted first, so a later step cannot spend its share twice."""
-    started = NOW - timedelta(minutes=5)
-    last = {PRESCRIPTIONS.name: NOW, PATIENTS.name: NOW - timedelta(days=9)}
-    everything = costs(last)
-    one_set = reserve(everything) + 2000 // 100 + 3
-    assert PRESCRIPTIONS.name in allot(everything, one_set, started).whole
-    assert PATIENTS.name not in allot(everything, one_set, started).whole
-
-
-def test_staleness_in_hours():
-    assert staleness_hours(NOW - timedelta(hours=30), NOW) == 30.0
-    assert staleness_hours(None, NOW) == float("inf")
 
 
 @pytest.fixture

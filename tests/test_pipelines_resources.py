@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import pytest
+
+from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines.resources import TUNING, ClinicalApiResource
+from pipelines.resources import TUNING, ClinicalApiResource, SyncOptionsResource
 
 
 def test_every_validated_setting_reaches_the_client(tmp_path, monkeypatch):
@@ -30,3 +35,14 @@ def test_every_validated_setting_reaches_the_client(tmp_path, monkeypatch):
     }
     settings = Settings.from_env(given, dotenv_path=None)
     assert ClinicalApiResource.from_settings(settings).settings() == settings
+
+
+def test_run_options_are_validated_with_the_setting_named():
+    options = SyncOptionsResource(backfill_from="2026-10-01", lookback_minutes=15).options()
+    assert options.backfill and options.lookback == timedelta(minutes=15)
+    with pytest.raises(ConfigError, match="backfill_from"):
+        SyncOptionsResource(backfill_from="YYYY-MM-DD").options()
+    with pytest.raises(ConfigError, match="backfill_from"):
+        SyncOptionsResource(backfill_to="2026-10-01").options()
+    with pytest.raises(ConfigError, match="backfill_to"):
+        SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()

@@ -17,15 +17,13 @@ import duckdb
 from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.connection import Transaction
 from warehouse.ddl import CLINICAL, OPS
+from warehouse.figures import RECONCILE_FIGURES, Figure
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
 from warehouse.normalise import REJECT, UNFIT
 
 SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
 RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
-# What the extractions' reconciliation found and spent, summed per run as well.
-UNRECONCILED = "unreconciled"  # records by which a set may differ from the source
-RECONCILE_FIGURES = ("reconciled", "reconcile_requests", UNRECONCILED)
 
 
 @dataclass(frozen=True)
@@ -226,11 +224,11 @@ SET_RESULT_COLUMNS = (
     "entity",
     "mode",
     "exact",
-    UNRECONCILED,
+    Figure.UNRECONCILED,
     "failed_checks",
     "warned_checks",
     "staleness_hours",
-    "live_rows",
+    Figure.LIVE_ROWS,
 )
 
 

@@ -58,7 +58,8 @@ RETRIABLE_TRANSPORT = (httpx.TransportError, httpx.DecodingError)
 
 @dataclass
 class Counters:
-    """Per-run figures the Dagster assets publish as metadata."""
+    """Per-run figures the Dagster assets publish as metadata; `measure` attributes them to
+    a piece of work."""
 
     requests: int = 0
     pages: int = 0
@@ -94,6 +95,19 @@ class Counters:
         with self._lock:
             for name, amount in amounts.items():
                 setattr(self, name, getattr(self, name) + amount)
+
+    @contextlib.contextmanager
+    def measure(self, into: dict[str, float] | None = None) -> Iterator[dict[str, float]]:
+        """What the work inside spent, every counter's difference added into `into` (a new
+        dict by default), filled when the work ends, failed or not: the one way a step
+        learns its own cost on a client other steps share."""
+        spent = {} if into is None else into
+        before = self.as_dict()
+        try:
+            yield spent
+        finally:
+            for name, value in self.as_dict().items():
+                spent[name] = round(spent.get(name, 0) + value - before[name], 3)
 
     def as_dict(self) -> dict[str, float]:
         with self._lock:

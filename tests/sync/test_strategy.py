@@ -198,17 +198,3 @@ def test_progress_counts_pages_and_reports_at_the_end():
     terminal.page("Branches", 12, 12)
     terminal.finish("Branches")
     assert stream.getvalue().count("\n") == 1 and "Branches" in stream.getvalue()
-
-
-def test_run_options_are_validated_with_the_setting_named():
-    from connectors.clinical_records.errors import ConfigError
-    from pipelines.resources import SyncOptionsResource
-
-    options = SyncOptionsResource(backfill_from="2026-10-01", lookback_minutes=15).options()
-    assert options.backfill and options.lookback == timedelta(minutes=15)
-    with pytest.raises(ConfigError, match="backfill_from"):
-        SyncOptionsResource(backfill_from="YYYY-MM-DD").options()
-    with pytest.raises(ConfigError, match="backfill_from"):
-        SyncOptionsResource(backfill_to="2026-10-01").options()
-    with pytest.raises(ConfigError, match="backfill_to"):
-        SyncOptionsResource(backfill_from="2026-10-02", backfill_to="2026-10-01").options()
