@@ -8,7 +8,7 @@ for `fail_run`, which stands alone. `Warehouse` offers the run functions as its 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ import duckdb
 
 from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.connection import Transaction
-from warehouse.ddl import CLINICAL, OPS
+from warehouse.ddl import ANALYTICS, CLINICAL, OPS, SYNC_HEALTH_VIEW
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
 from warehouse.normalise import REJECT, UNFIT
@@ -262,20 +262,20 @@ def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetRe
 
 
 def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
-    """Per entity set, how its last recorded run ended; empty for a warehouse made before
+    """Per entity set, how its last recorded run ended: read from `analytics.sync_health`,
+    so `status` and the analysts' view say the same; empty for a warehouse made before
     results were recorded."""
-    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    names = [f.name for f in fields(SetResult)]
     try:
         rows = con.execute(
-            f'SELECT {names}, "recorded_at" FROM "ops"."set_results" '
-            'QUALIFY row_number() OVER (PARTITION BY "entity" ORDER BY "recorded_at" DESC) = 1'
+            f"SELECT {', '.join(quote(name) for name in names)} "
+            f"FROM {qualified(ANALYTICS, SYNC_HEALTH_VIEW)}"
         ).fetchall()
     except duckdb.CatalogException:
         return {}
     found = {}
     for row in rows:
-        values = dict(zip((*SET_RESULT_COLUMNS, "recorded_at"), row, strict=True))
-        values.pop("exact")  # derived from the failed checks
+        values = dict(zip(names, row, strict=True))
         values["failed_checks"] = tuple(values["failed_checks"] or ())
         values["warned_checks"] = tuple(values["warned_checks"] or ())
         found[values["entity"]] = SetResult(**values)
