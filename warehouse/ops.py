@@ -522,7 +522,7 @@ def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
+def _open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
     """Notes on keys of `entity` that no later read has resolved."""
     (count,) = con.execute(
         'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
@@ -532,10 +532,16 @@ def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
     return int(count)
 
 
-def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+def resolve_notes(
+    con: duckdb.DuckDBPyConnection, entity: str, sent: str, params: Sequence[object] = ()
+) -> None:
     """A note (reject, unfit, warning) is about its record as one batch sent it; when a
     later batch loads the same key, the note is history: marked resolved by the first such
-    batch (the staged `_sent`: key as text, extracted_at, run_id). The note stays."""
+    batch. `sent`: a SELECT of the keys loaded (key as text, extracted_at, run_id), run with
+    `params` only while notes are open (it may read every batch's key column)."""
+    if not _open_notes(con, entity):
+        return
+    con.execute(f'CREATE TEMP TABLE "_sent" AS {sent}', list(params))
     con.execute(
         """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
             FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
@@ -547,6 +553,7 @@ def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
             WHERE r.rowid = s."note" """,
         [entity],
     )
+    con.execute('DROP TABLE "_sent"')
 
 
 def record_new_batches(con: duckdb.DuckDBPyConnection, entity: str) -> None:
