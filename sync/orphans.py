@@ -63,7 +63,7 @@ def batches(entity: EntitySet, keys: Sequence[Any], limit: int = QUERY_LIMIT) ->
 
 def _added(entity: EntitySet, key: Any, n: int) -> int:
     """How much longer `key_query`'s encoded query grows as `key` joins `n` keys: its ` or`
-    term, the parentheses a second key brings (`any_of`), one more digit of `$top` at 10."""
+    term, the parentheses a second key brings (`any_of`), a digit more of `$top` at 10 and 100."""
     term = _encoded(f" or {(F(entity.key) == key).render(entity)}")
     return term + (_encoded("()") if n == 1 else 0) + len(str(n + 1)) - len(str(n))
 

@@ -537,8 +537,8 @@ def resolve_notes(
 ) -> None:
     """A note (reject, unfit, warning) is about its record as one batch sent it; when a
     later batch loads the same key, the note is history: marked resolved by the first such
-    batch. `sent`: a SELECT of the keys loaded (key as text, extracted_at, run_id), run with
-    `params` only while notes are open (it may read every batch's key column)."""
+    batch; the note stays. `sent`: a SELECT of the keys loaded (key as text, extracted_at,
+    run_id), run with `params` only while notes are open (it may read every batch's keys)."""
     if not _open_notes(con, entity):
         return
     con.execute(f'CREATE TEMP TABLE "_sent" AS {sent}', list(params))
