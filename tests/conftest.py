@@ -16,27 +16,30 @@ from tests.postgres import INSTALL_HINT, PostgresServer, binaries, postgres_serv
 from tests.warehouse_records import Harness
 
 
-def fetch_token(server: SandboxServer) -> str:
+def fetch_token(server: SandboxServer, customer: str | None = None) -> str:
+    """A token for `customer`'s client (default: the sandbox's first customer)."""
+    env = server.env(customer)
     response = httpx.post(
         f"{server.auth_url}/oauth2/token",
         data={
             "grant_type": "client_credentials",
-            "client_id": server.config.client_id,
-            "client_secret": server.config.client_secret,
-            "scope": f"{SCOPE_PREFIX}{server.config.customer}",
+            "client_id": env["CLINICAL_CLIENT_ID"],
+            "client_secret": env["CLINICAL_CLIENT_SECRET"],
+            "scope": f"{SCOPE_PREFIX}{env['CLINICAL_CUSTOMER']}",
         },
     )
     response.raise_for_status()
     return response.json()["access_token"]
 
 
-def api_client(server: SandboxServer) -> httpx.Client:
-    """An httpx client that sends the spec's headers; paths are relative to {base_url}."""
+def api_client(server: SandboxServer, customer: str | None = None) -> httpx.Client:
+    """An httpx client of `customer` (default: the first) that sends the spec's headers;
+    paths are relative to {base_url}."""
     return httpx.Client(
         base_url=server.base_url + "/",
         headers={
-            "Authorization": f"Bearer {fetch_token(server)}",
-            "x-api-key": server.config.api_key,
+            "Authorization": f"Bearer {fetch_token(server, customer)}",
+            "x-api-key": server.env(customer)["CLINICAL_API_KEY"],
             "Accept": "application/json",
         },
         timeout=30,

@@ -7,7 +7,7 @@ import httpx
 
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.control import SandboxControl
-from connectors.sandbox.ratelimit import most_in_window
+from connectors.sandbox.ratelimit import RateLimiter, most_in_window
 from connectors.sandbox.server import SandboxServer
 from tests.conftest import api_client
 
@@ -32,3 +32,13 @@ def test_every_request_of_a_key_is_logged_refused_ones_too() -> None:
     assert len(arrivals) == 12 == answers.count(200) + answers.count(429)
     assert most_in_window(arrivals, 1.0) > 5 * 1.0 + 3  # the log shows what the limit refused
     assert other.status_code == 401  # another key sees nothing of this one's
+
+
+def test_the_log_keeps_the_newest_arrivals_of_each_key_only() -> None:
+    """A long-running sandbox's log stays bounded: past `kept`, the oldest go."""
+    limiter = RateLimiter(rate=None, burst=1, kept=5)
+    for _ in range(8):
+        limiter.acquire("a")
+    limiter.acquire("b")
+    assert len(limiter.arrivals["a"]) == 5 and len(limiter.arrivals["b"]) == 1
+    assert list(limiter.arrivals["a"]) == sorted(limiter.arrivals["a"])  # oldest first

@@ -6,7 +6,10 @@ import httpx
 import pytest
 
 from connectors.clinical_records import catalogue as cat
+from connectors.clinical_records.transport import path_key
+from connectors.sandbox.config import VALUE_PROFILES
 from tests.conftest import api_client
+from tests.sandboxes import serving
 
 pytestmark = pytest.mark.integration
 
@@ -132,3 +135,19 @@ def test_documents_cannot_be_patched(client, patient_id):
     doc = upload(client, patient_id, "application/pdf", "a.pdf", b"%PDF-1.4").json()
     response = client.patch(f"Patients({patient_id})/Documents({doc['id']})", json={})
     assert response.status_code == 405
+
+
+@pytest.mark.parametrize("values", VALUE_PROFILES)
+def test_an_upload_records_the_calling_customers_client(values):
+    """A sandbox serving several customers records each upload as its caller's, not the
+    sandbox's default client."""
+    with serving(["north", "south"], scale=0.02, values=values) as server:
+        for customer in server.customers:
+            patient = str(server.store_of(customer.name).table("Patients").keys[0])
+            with api_client(server, customer.name) as client:
+                made = upload(client, path_key(patient), "application/pdf", "a.pdf", b"%PDF-1.4")
+                assert made.status_code == 201, made.text
+                doc = path_key(made.json()["id"])
+                stored = client.get(f"Patients({path_key(patient)})/Documents({doc})")
+            assert made.json()["uploaded_by_id"] == customer.client_id
+            assert stored.json()["uploaded_by_id"] == customer.client_id

@@ -353,6 +353,19 @@ def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_re
     assert notes(harness, "reject")[-1] == ("7", "run-004", "run-005")
 
 
+def test_resolve_notes_stages_what_was_sent_itself_and_leaves_nothing_behind(harness):
+    """ops.resolve_notes owns its `_sent`: made from the caller's SELECT, dropped after; with
+    no note open the SELECT (a load's read of every batch's keys) is not run at all."""
+    harness.sync(CLAIMS, [record(CLAIMS, 6, uncollected="1e5")])
+    con = harness.wh.con
+    sent = 'SELECT ? AS "key", now() AS "extracted_at", \'run-x\' AS "run_id"'
+    ops.resolve_notes(con, "Claims", sent, ["6"])
+    assert notes(harness, "unfit") == [("6", "run-001", "run-x")]
+    staged = "SELECT count(*) FROM duckdb_tables() WHERE table_name = '_sent'"
+    assert con.execute(staged).fetchone() == (0,)
+    ops.resolve_notes(con, "Claims", "SELECT * FROM no_such_table")  # nothing open: not run
+
+
 def test_runs_are_recorded(harness):
     harness.wh.record_run("r1", ["Claims"], full_snapshot=True)
     result = harness.sync(CLAIMS, [record(CLAIMS, 1)])

@@ -288,18 +288,23 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns)
     yield SYNC_HEALTH
-    yield f"COMMENT ON VIEW {qualified(ANALYTICS, 'sync_health')} IS {literal(SYNC_HEALTH_MEANING)}"
+    yield (
+        f"COMMENT ON VIEW {qualified(ANALYTICS, SYNC_HEALTH_VIEW)} IS "
+        f"{literal(SYNC_HEALTH_MEANING)}"
+    )
 
 
 # How each set's last run ended: a view over ops.set_results, so it is current the moment a
 # result is recorded (the analytics models, tables built from clinical, are built before the
-# checks that decide it: warehouse/models.py leaves this view alone).
+# checks that decide it: warehouse/models.py leaves this view alone). `status` reads it too
+# (ops.last_set_results).
+SYNC_HEALTH_VIEW = "sync_health"
 SYNC_HEALTH_MEANING = (
     "How each entity set's last run ended: exact when none of its checks of severity ERROR "
     "failed, else the records by which it may differ (unreconciled) and the checks that failed"
 )
-DDL_VIEWS = frozenset({"sync_health"})  # analytics views the DDL owns, not models
-SYNC_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, "sync_health")} AS
+DDL_VIEWS = frozenset({SYNC_HEALTH_VIEW})  # analytics views the DDL owns, not models
+SYNC_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, SYNC_HEALTH_VIEW)} AS
 SELECT r.entity, r.exact, r.unreconciled, r.failed_checks, r.warned_checks,
     r.staleness_hours, r.live_rows, r.mode, r.run_id, r.recorded_at
 FROM {qualified(OPS, "set_results")} AS r

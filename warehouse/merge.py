@@ -368,18 +368,15 @@ class Merge:
     def _resolve_notes(self) -> None:
         """Notes on keys these batches loaded again, from a later extraction, become history
         (ops.resolve_notes); reads the key column alone, and only while notes are open."""
-        if not ops.open_notes(self.con, self.ent.name):
-            return
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_sent" AS
-                SELECT CAST(s.{self.key} AS VARCHAR) AS "key", b."extracted_at",
+        ops.resolve_notes(
+            self.con,
+            self.ent.name,
+            f"""SELECT CAST(s.{self.key} AS VARCHAR) AS "key", b."extracted_at",
                        b."batch_run_id" AS "run_id"
                 FROM read_parquet(?, filename = true, hive_partitioning = false) AS s
                 JOIN "_batches" AS b ON s."filename" = b."file" WHERE b."new" """,
             [self.files],
         )
-        ops.resolve_notes(self.con, self.ent.name)
-        self.con.execute('DROP TABLE "_sent"')
 
 
 def _ordering_cursor(entity: EntitySet) -> str | None:

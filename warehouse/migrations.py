@@ -86,12 +86,11 @@ def resolve_notes_loaded_since(
     does. A reject of the old typing rule, whose record the re-read after the migration
     loaded, is one."""
     for ent in entities:
-        if not ops.open_notes(con, ent.name):
-            continue
         key = quote(ent.key)
-        con.execute(
-            f"""CREATE TEMP TABLE "_sent" AS
-                SELECT CAST({key} AS VARCHAR) AS "key", "_extracted_at" AS "extracted_at",
+        ops.resolve_notes(
+            con,
+            ent.name,
+            f"""SELECT CAST({key} AS VARCHAR) AS "key", "_extracted_at" AS "extracted_at",
                        "_run_id" AS "run_id" FROM {qualified(ddl.CLINICAL, ent.table)}
                 UNION ALL
                 SELECT CAST({key} AS VARCHAR), "_valid_from", "_run_id"
@@ -101,8 +100,6 @@ def resolve_notes_loaded_since(
                 WHERE "entity" = ? AND "kind" <> ? AND "key" IS NOT NULL""",
             [ent.name, REJECT],
         )
-        ops.resolve_notes(con, ent.name)
-        con.execute('DROP TABLE "_sent"')
 
 
 def retype_columns(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> list[str]:

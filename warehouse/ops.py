@@ -8,7 +8,7 @@ for `fail_run`, which stands alone. `Warehouse` offers the run functions as its 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +16,7 @@ import duckdb
 
 from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.connection import Transaction
-from warehouse.ddl import CLINICAL, OPS
+from warehouse.ddl import ANALYTICS, CLINICAL, OPS, SYNC_HEALTH_VIEW
 from warehouse.figures import RECONCILE_FIGURES, Figure
 from warehouse.ident import qualified, quote
 from warehouse.lake import BatchInfo
@@ -260,20 +260,20 @@ def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetRe
 
 
 def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
-    """Per entity set, how its last recorded run ended; empty for a warehouse made before
+    """Per entity set, how its last recorded run ended: read from `analytics.sync_health`,
+    so `status` and the analysts' view say the same; empty for a warehouse made before
     results were recorded."""
-    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
+    names = [f.name for f in fields(SetResult)]
     try:
         rows = con.execute(
-            f'SELECT {names}, "recorded_at" FROM "ops"."set_results" '
-            'QUALIFY row_number() OVER (PARTITION BY "entity" ORDER BY "recorded_at" DESC) = 1'
+            f"SELECT {', '.join(quote(name) for name in names)} "
+            f"FROM {qualified(ANALYTICS, SYNC_HEALTH_VIEW)}"
         ).fetchall()
     except duckdb.CatalogException:
         return {}
     found = {}
     for row in rows:
-        values = dict(zip((*SET_RESULT_COLUMNS, "recorded_at"), row, strict=True))
-        values.pop("exact")  # derived from the failed checks
+        values = dict(zip(names, row, strict=True))
         values["failed_checks"] = tuple(values["failed_checks"] or ())
         values["warned_checks"] = tuple(values["warned_checks"] or ())
         found[values["entity"]] = SetResult(**values)
@@ -520,7 +520,7 @@ def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
+def _open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
     """Notes on keys of `entity` that no later read has resolved."""
     (count,) = con.execute(
         'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
@@ -530,10 +530,16 @@ def open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
     return int(count)
 
 
-def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
+def resolve_notes(
+    con: duckdb.DuckDBPyConnection, entity: str, sent: str, params: Sequence[object] = ()
+) -> None:
     """A note (reject, unfit, warning) is about its record as one batch sent it; when a
     later batch loads the same key, the note is history: marked resolved by the first such
-    batch (the staged `_sent`: key as text, extracted_at, run_id). The note stays."""
+    batch; the note stays. `sent`: a SELECT of the keys loaded (key as text, extracted_at,
+    run_id), run with `params` only while notes are open (it may read every batch's keys)."""
+    if not _open_notes(con, entity):
+        return
+    con.execute(f'CREATE TEMP TABLE "_sent" AS {sent}', list(params))
     con.execute(
         """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
             FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
@@ -545,6 +551,7 @@ def resolve_notes(con: duckdb.DuckDBPyConnection, entity: str) -> None:
             WHERE r.rowid = s."note" """,
         [entity],
     )
+    con.execute('DROP TABLE "_sent"')
 
 
 def record_new_batches(con: duckdb.DuckDBPyConnection, entity: str) -> None:

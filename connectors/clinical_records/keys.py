@@ -1,9 +1,10 @@
-"""Ids between the service and the warehouse: one conversion each way.
+"""Ids from the warehouse back to the service, and ids compared across sets.
 
 The service sends one logical id as a string in one set and a number in another (spec
 section 2); the warehouse holds one type per key family (`Field.canonical`, docs/
 ARCHITECTURE.md "Canonical types"): the string as sent, and a number sent for it as its
-decimal text. "00123" and "123" are two ids.
+decimal text. "00123" and "123" are two ids. Into the warehouse, the normaliser converts
+them a column at a time (warehouse/converters.py).
 
 The engine speaks to the service in each set's own kind: a key read back from the warehouse
 as text goes out as the number it spells where that set's field is a number
@@ -17,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from connectors.clinical_records.catalogue import Canonical, Edm, EntitySet, Field
+from connectors.clinical_records.catalogue import Edm, EntitySet, Field
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -44,14 +45,6 @@ def to_api(field: Field, value: Any) -> str | int | None:
     if type(value) is str and _INTEGER.fullmatch(value):
         return int(value)
     return None
-
-
-def to_warehouse(field: Field, value: Any) -> str | int | None:
-    """What the warehouse holds for an id `field`'s set sent: an integer in a BIGINT family,
-    its text in any other (the normaliser does the same a column at a time)."""
-    if field.canonical is Canonical.BIGINT:
-        return value if type(value) is int else None
-    return key_text(value)
 
 
 def entity_key(entity: EntitySet, value: Any) -> str | int | None:

@@ -118,10 +118,15 @@ class Sandbox(DocumentEndpoints):
         )
 
     @property
+    def customer(self) -> Customer:
+        """The customer whose credentials the current request carries (each request runs in
+        its own context); outside a request, the default customer."""
+        return self._current.get()
+
+    @property
     def store(self) -> Store:
-        """The store of the customer whose credentials the current request carries (each
-        request runs in its own context); outside a request, the default customer's."""
-        return self.stores[self._current.get().name]
+        """The current request's customer's store (`customer`)."""
+        return self.stores[self.customer.name]
 
     # -- the gate ---------------------------------------------------------------------------
 

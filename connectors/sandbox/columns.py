@@ -441,3 +441,17 @@ OVERRIDES: dict[tuple[str, str], Rule] = {
 # Fields that are never null although the spec does not mark them required: the cursors and the
 # references the product's joins rely on.
 ALWAYS_SET = frozenset({"created_at", "updated_at", "uploaded_at", "prescription_id"})
+
+
+# -- documents --------------------------------------------------------------------------------
+
+
+def document_fields(i: int, content_type: str) -> dict[str, str | None]:
+    """A generated document's descriptive fields, varied by `i`: a file name of its type,
+    numeric uploaders."""
+    return {
+        "file_name": f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
+        "document_type": ["Prescription", "Insurance card", None][i % 3],
+        "description": None if i % 4 else "Scanned on intake",
+        "uploaded_by_id": str(1 + i % 50),
+    }

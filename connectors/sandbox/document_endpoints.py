@@ -10,17 +10,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from connectors.clinical_records import catalogue as cat
-from connectors.sandbox.config import SandboxConfig
+from connectors.sandbox.config import Customer, SandboxConfig
 from connectors.sandbox.errors import ODataError, invalid_query, not_found
 from connectors.sandbox.faults import FaultInjector
 from connectors.sandbox.odata import parse_query, refuse_or, run_collection
 from connectors.sandbox.responses import base_url, envelope, json_response
 from connectors.sandbox.routes import Resource, parse_key, query_options
 from connectors.sandbox.store import Store
-
-SANDBOX_USER_ID = "9001"  # the API client's own user, as the service records uploads
-# ...except in the wide profile, where the uploader is the token's client, as an independent
-# service recorded it (issue 29; spec 2.9: `uploaded_by_id` is a string, "Uploading user").
 
 
 @dataclass
@@ -32,9 +28,10 @@ class _ListView:
 
 
 class DocumentEndpoints:
-    """The document handlers of `Sandbox` (a mixin: the sandbox holds the store, its
-    switches and its faults)."""
+    """The document handlers of `Sandbox` (a mixin: the sandbox holds the request's customer
+    and store, its switches and its faults)."""
 
+    customer: Customer
     store: Store
     config: SandboxConfig
     faults: FaultInjector
@@ -99,9 +96,9 @@ class DocumentEndpoints:
                 data=data,
                 document_type=_text(fields["document_type"]),
                 description=_text(fields["description"]),
-                uploaded_by_id=(
-                    self.config.client_id if self.store.values == "wide" else SANDBOX_USER_ID
-                ),
+                # The uploading user is the calling customer's client, as an independent
+                # service recorded it (issue 29; spec 2.9: a string, "Uploading user").
+                uploaded_by_id=self.customer.client_id,
             )
         return json_response(meta, 201)
 

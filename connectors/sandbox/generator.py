@@ -24,7 +24,7 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
-from connectors.sandbox import wide
+from connectors.sandbox import columns, wide
 from connectors.sandbox.columns import (
     ALWAYS_SET,
     EPOCH,
@@ -37,6 +37,7 @@ from connectors.sandbox.columns import (
     fill,
 )
 from connectors.sandbox.config import VALUE_PROFILES, checked_values
+from connectors.sandbox.document_store import hashed_id, utc_stamp
 
 BASE_SIZE: dict[str, int] = {
     "Patients": 2000,
@@ -89,19 +90,41 @@ def make_ids(entity: EntitySet, start: int, n: int, rng: np.random.Generator) ->
 
 @dataclass(frozen=True)
 class Profile:
-    """How one values profile makes keys (from serials) and fields."""
+    """How one values profile makes keys (from serials), fields, the text of a cursor a change
+    moves, and documents: everything that differs between profiles, so nothing else asks
+    which profile it is."""
 
     ids: Callable[[EntitySet, int, int, np.random.Generator], list]
     fill: Rule
     overrides: Mapping[tuple[str, str], Rule]
+    instants: Callable[[Field, np.random.Generator, np.ndarray], list[str]]
+    document_id: Callable[[str, int], str]
+    upload_stamp: Callable[[datetime, int], str]
+    document_fields: Callable[[int, str], dict[str, str | None]]
 
     def rule(self, entity: EntitySet, fld: Field) -> Rule:
         return self.overrides.get((entity.name, fld.name), self.fill)
 
 
 PROFILES: dict[str, Profile] = {
-    "spec": Profile(make_ids, fill, OVERRIDES),
-    "wide": Profile(wide.make_ids, wide.fill, wide.OVERRIDES),
+    "spec": Profile(
+        make_ids,
+        fill,
+        OVERRIDES,
+        columns.instants_as,
+        hashed_id,
+        utc_stamp,
+        columns.document_fields,
+    ),
+    "wide": Profile(
+        wide.make_ids,
+        wide.fill,
+        wide.OVERRIDES,
+        wide.instants_as,
+        wide.document_id,
+        wide.upload_stamp,
+        wide.document_fields,
+    ),
 }
 assert tuple(PROFILES) == VALUE_PROFILES
 
@@ -120,12 +143,11 @@ def make_records(
     now: float,
     created_after: float | None = None,
     resolved: bool = False,
-    values: str = "spec",
+    rules: Profile = PROFILES["spec"],
 ) -> list[dict]:
     """`n` new records of one set; `created_after` places them in (created_after, now];
-    `resolved`: every navigation reference set and naming a record of `made`; `values`:
-    the profile that draws them."""
-    rules = profile(values)
+    `resolved`: every navigation reference set and naming a record of `made`; `rules`: the
+    values profile that draws them."""
     ids = rules.ids(entity, first_id, n, rng)
     start = now - HISTORY_SECONDS if created_after is None else created_after
     created = np.sort(rng.uniform(start, now, n)).astype(np.int64) + 1
@@ -171,6 +193,7 @@ def generate(
 ) -> dict[str, list[dict]]:
     """Every entity set, sorted by key, reproducible from (seed, scale, resolved, values,
     dangling)."""
+    rules = profile(values)
     made: dict[str, list[dict]] = {}
     for entity in generation_order():
         rng = np.random.default_rng([seed, cat.ENTITY_SETS.index(entity)])
@@ -182,7 +205,7 @@ def generate(
             first_id=first_id(entity),
             now=now.timestamp(),
             resolved=resolved,
-            values=values,
+            rules=rules,
         )
         rows.sort(key=lambda r, k=entity.key: r[k])
         made[entity.name] = rows

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+ARRIVALS_KEPT = 100_000
+"""Arrivals kept per API key: the newest, so a long-running sandbox's memory stays bounded
+(a benchmark's run, thousands of requests, fits many times over)."""
 
 
 @dataclass
@@ -20,12 +25,13 @@ class RateLimiter:
     """Per API key, `rate` requests per second sustained and `burst` at once; each key's own
     limit (a customer's) or the sandbox's; `rate=None` disables it."""
 
-    def __init__(self, rate: float | None, burst: int) -> None:
+    def __init__(self, rate: float | None, burst: int, kept: int = ARRIVALS_KEPT) -> None:
         self.rate = rate
         self.burst = burst
         self._buckets: dict[str, _Bucket] = {}
-        # Per API key, the monotonic time every request reached the limit, admitted or not.
-        self.arrivals: dict[str, list[float]] = {}
+        # Per API key, the monotonic time every request reached the limit, admitted or not:
+        # the newest `kept`.
+        self.arrivals: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=kept))
 
     def reconfigure(self, rate: float | None, burst: int) -> None:
         self.rate, self.burst = rate, burst
@@ -34,7 +40,7 @@ class RateLimiter:
         """Take one token of `key`'s bucket (at `rate` and `burst` when given, a customer's
         own, else the sandbox's); return 0 when allowed, else the seconds until one is free."""
         now = time.monotonic()
-        self.arrivals.setdefault(key, []).append(now)
+        self.arrivals[key].append(now)
         rate = self.rate if rate is None else rate
         burst = self.burst if burst is None else burst
         if rate is None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import EntitySet, Navigation
-from connectors.sandbox import columns, generator, wide
+from connectors.sandbox import columns, generator
 from connectors.sandbox.config import PLACES
 from connectors.sandbox.document_store import SAMPLE_BYTES, DocumentStore
 
@@ -149,8 +149,7 @@ class Store:
         # insert, update and delete (columns.RESOLVED); off: the spec's dangling and nulls.
         self.resolved_references = resolved_references
         # The values profile (SandboxConfig.values): generated, inserted and updated alike.
-        generator.profile(values)  # refuses an unknown name before any work
-        self.values = values
+        self.profile = generator.profile(values)  # refuses an unknown name before any work
         self.lock = threading.RLock()
         self.tables: dict[str, Table] = {
             name: Table(cat.BY_NAME[name], rows)
@@ -163,10 +162,8 @@ class Store:
                 dangling=dangling,
             ).items()
         }
-        self.documents = (
-            DocumentStore(lambda: self.now, make_id=wide.document_id, stamp=wide.upload_stamp)
-            if values == "wide"
-            else DocumentStore(clock=lambda: self.now)
+        self.documents = DocumentStore(
+            lambda: self.now, make_id=self.profile.document_id, stamp=self.profile.upload_stamp
         )
         self._rng = np.random.default_rng([seed, 99])
         self._next_id = {
@@ -341,7 +338,7 @@ class Store:
             now=self.now.timestamp(),
             created_after=after.timestamp(),
             resolved=self.resolved_references,
-            values=self.values,
+            rules=self.profile,
         )
         self._next_id[name] += n
         if key is not None:
@@ -370,7 +367,7 @@ class Store:
             now=self.now.timestamp(),
             created_after=after.timestamp(),
             resolved=self.resolved_references,
-            values=self.values,
+            rules=self.profile,
         )
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
         size = min(n, len(table))
@@ -431,17 +428,11 @@ class Store:
                 record[field_name] = survivors[int(self._rng.integers(len(survivors)))]
                 if stamp is not None:
                     moment = np.array([int(self.now.timestamp())])
-                    record["updated_at"] = self._moment_text(stamp, moment)
+                    record["updated_at"] = self.profile.instants(stamp, self._rng, moment)[0]
                 child.upsert(record)
                 changed.append((child_name, "update", record.get(child.entity.key)))
         self._indexes.clear()
         return changed
-
-    def _moment_text(self, stamp: cat.Field, moment: np.ndarray) -> str:
-        """`moment` (epoch seconds) as the cursor field `stamp` of this profile writes it."""
-        if self.values == "wide" and stamp.type is cat.Edm.DATETIME:
-            return wide.instant_texts(self._rng, moment)[0]
-        return columns.instants_as(stamp, self._rng, moment)[0]
 
     def _seed_documents(self) -> None:
         patients = self.tables[cat.PATIENTS.name].rows
@@ -453,17 +444,9 @@ class Store:
         """A small valid file of one of the accepted types, varied by `i`."""
         kinds = list(SAMPLE_BYTES)
         content_type = kinds[i % len(kinds)]
-        described = {
-            "file_name": f"scan-{i}.{cat.ACCEPTED_DOCUMENT_TYPES[content_type].lower()}",
-            "document_type": ["Prescription", "Insurance card", None][i % 3],
-            "description": None if i % 4 else "Scanned on intake",
-            "uploaded_by_id": str(1 + i % 50),
-        }
-        if self.values == "wide":
-            described.update(wide.document_fields(i))
         return self.documents.add(
             patient_id=patient_id,
             content_type=content_type,
             data=SAMPLE_BYTES[content_type] + f"patient {i}".encode(),
-            **described,
+            **self.profile.document_fields(i, content_type),
         )

@@ -45,6 +45,7 @@ from datetime import datetime
 import numpy as np
 
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
+from connectors.sandbox import columns
 from connectors.sandbox.columns import (
     CLAIM_MONEY,
     DANGLING_CLAIMS,
@@ -409,6 +410,14 @@ def with_edges(ctx: Context, values: list, edges: Sequence) -> list:
 # -- the cursors: their real instants, in every form ------------------------------------------
 
 
+def instants_as(fld: Field, rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
+    """A cursor's moments as a change writes them: a date-time in any of its forms; the
+    default profile's text otherwise."""
+    if fld.type is Edm.DATETIME:
+        return instant_texts(rng, seconds)
+    return columns.instants_as(fld, rng, seconds)
+
+
 def _moments(ctx: Context, fld: Field, seconds: np.ndarray) -> list[str]:
     if fld.type is Edm.DATETIME:
         return instant_texts(ctx.rng, seconds)
@@ -524,8 +533,9 @@ OVERRIDES: dict[tuple[str, str], Rule] = {
 # -- documents --------------------------------------------------------------------------------
 
 
-def document_fields(i: int) -> dict[str, str | None]:
-    """A generated document's descriptive fields, varied by `i`: user-name uploaders."""
+def document_fields(i: int, content_type: str) -> dict[str, str | None]:
+    """A generated document's descriptive fields, varied by `i` (file names of every shape,
+    whatever the type): user-name uploaders."""
     return {
         "file_name": FILE_NAMES[i % len(FILE_NAMES)],
         "document_type": (TEXTS[i % len(TEXTS)], "", None)[i % 3],

@@ -59,6 +59,40 @@ def test_batches_keep_every_key_in_order_each_request_within_the_limit_and_full(
     assert len(plan) > 1
 
 
+THOUSANDS = {
+    "numbers": (CHILD, [(-1) ** i * (i * 7919 % 2**31) for i in range(3_000)]),
+    "text": (APPOINTMENTS, [f"O'Brien {i} Zoë/%?#&+ {'x' * (i % 40)}" for i in range(3_000)]),
+}
+
+
+@pytest.mark.parametrize("kind", THOUSANDS)
+@pytest.mark.parametrize("limit", [orphans.QUERY_LIMIT, 300])
+def test_thousands_of_keys_each_once_every_batch_within_the_limit_measured_once(
+    kind, limit, monkeypatch
+):
+    """Keys of every length and character (the batch's length is kept as keys join it):
+    each key in exactly one batch, every request within the limit as sent, and a query
+    measured whole once per batch, not again as each key joins it."""
+    entity, keys = THOUSANDS[kind]
+    measured = []
+
+    def counting(entity, keys):
+        measured.append(len(keys))
+        return query_length(entity, keys)
+
+    query_length = orphans.query_length
+    monkeypatch.setattr(orphans, "query_length", counting)
+    plan = orphans.batches(entity, keys, limit)
+    assert len(measured) <= len(plan)
+    assert sorted(k for batch in plan for k in batch) == sorted(keys)
+    assert [k for batch in plan for k in batch] == keys  # in order, each once
+    for batch, following in itertools.pairwise([*plan, None]):
+        assert len(batch) <= PAGE_SIZE
+        assert query_length(entity, batch) <= limit or len(batch) == 1
+        if following is not None:  # full: the next key would not have fitted
+            assert len(batch) == PAGE_SIZE or query_length(entity, [*batch, following[0]]) > limit
+
+
 def test_the_limit_counts_the_query_as_sent_percent_encoded():
     params = orphans.key_query(APPOINTMENTS, ["O'Brien-1", "x y"]).params()
     assert params["$filter"] == "(id eq 'O''Brien-1' or id eq 'x y')"
