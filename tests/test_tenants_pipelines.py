@@ -21,11 +21,11 @@ from cli.tenants import sandbox_tenants
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from connectors.sandbox.server import SandboxServer
-from pipelines import definitions
+from pipelines import definitions, tenants
 from pipelines.partitions import IN_PROCESS, TENANT_DIMENSION, TENANTS
 from pipelines.resources import ClinicalApiResource, TenantApiResource
 from pipelines.runner import sync
-from pipelines.tenants import Tenants
+from pipelines.tenants import Secret, Tenants
 from tests.sandboxes import serving
 from tests.truth import canonical, live_rows
 
@@ -139,6 +139,35 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
         with duckdb.connect(str(tenant.warehouse), read_only=True) as con:
             (customer,) = con.execute('SELECT "customer" FROM "ops"."source"').fetchone()
         assert customer == tenant.name
+
+
+def test_a_tenants_run_reads_its_file_once_and_each_secret_before_and_in_the_run(
+    tenants_file, monkeypatch
+):
+    """Every step asks for the run's tenant: the file is parsed once in a process while it
+    stays the same, and the credentials are read once to check them before the run and once
+    in it (the run's resources), not at every step."""
+    parsed: list[Path] = []
+    read: list[Secret] = []
+    parse, secret = tenants.parse, Secret.read
+    monkeypatch.setattr(
+        tenants, "parse", lambda text, path: parsed.append(path) or parse(text, path)
+    )
+    monkeypatch.setattr(Secret, "read", lambda self, env: read.append(self) or secret(self, env))
+    tenant = tenants.load(tenants_file.path).get("north")
+    with instance_for_test() as instance:
+        report = sync(
+            {},
+            lake_root=str(tenant.lake),
+            warehouse_path=str(tenant.warehouse),
+            tenant=tenant,
+            instance=instance,
+        )
+    assert report.success, report.failure
+    assert parsed == [tenants_file.path]
+    assert sorted(map(str, read)) == sorted(map(str, [tenant.client_secret, tenant.api_key] * 2))
+    tenants_file.path.write_text(tenants_file.path.read_text() + "\n# edited\n")
+    assert tenants.load(tenants_file.path).names == list(NAMES) and len(parsed) == 2
 
 
 def test_a_run_without_its_tenant_is_refused(tenants_file):
