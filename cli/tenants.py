@@ -209,7 +209,11 @@ class TenantRun:
 
 def sync_all(args: argparse.Namespace) -> int:
     """Every tenant's sync, each its own process, `--parallel` at a time; the worst status."""
-    import pipelines.runner  # noqa: F401  imported once here, inherited by every tenant's process
+    # Imported once here, inherited by every tenant's forked process: our pipelines, and
+    # pandas, which pyarrow imports in each run to build its first table from Python values.
+    import pandas  # noqa: F401
+
+    import pipelines.runner  # noqa: F401
     from pipelines.partitions import keep_in_step
 
     found = configured()
