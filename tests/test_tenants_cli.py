@@ -93,8 +93,9 @@ def test_check_names_each_tenants_problem_on_its_line(three, broken, tmp_path):
 
 def test_all_tenants_run_side_by_side_and_exit_with_the_worst(three, broken, tmp_path):
     env = operator(tmp_path, broken)
-    done = run(["sync", "--all-tenants"], env, tmp_path)
+    done = run(["sync", "--all-tenants", "--parallel", "2"], env, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr  # clinic-c: configuration
+    assert "3 tenants, 2 at a time" in done.stdout  # the third starts when one has ended
     rows = {
         line.split()[0]: line.split()
         for line in done.stdout.splitlines()
