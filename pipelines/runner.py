@@ -173,19 +173,8 @@ def resources_from_env(
     tenant: Tenant | None = None,
     **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run; the environment (or the tenant's) is validated first
-    (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
-    check_configuration(env, tenant)
-    return _resources(env, lake_root, warehouse_path, tenant, **options)
-
-
-def _resources(
-    env: Mapping[str, str],
-    lake_root: str,
-    warehouse_path: str,
-    tenant: Tenant | None = None,
-    **options: object,
-) -> dict[str, object]:
+    """Resources for an in-process run of a configuration `check_configuration` accepted. A
+    tenant's run looks its tenant up by partition key, as a daemon's does."""
     if tenant is not None:
         places = tenant_resources(tenant.file)
     else:
@@ -254,7 +243,7 @@ def sync(
         options["backfill_to"] = backfill_to.isoformat()
     if isinstance(webhook, Unchecked):
         webhook = check_configuration(env, tenant)
-    resources = _resources(env, lake_root, warehouse_path, tenant, **options)
+    resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
     if tenant is not None:
         instance = instance or DagsterInstance.ephemeral()
         if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
@@ -350,7 +339,7 @@ def sync_documents(
     result = _materialize(
         keys.DOCUMENTS_JOB,
         build_sync_assets(),
-        _resources(env, lake_root, warehouse_path, full=full),
+        resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
         instance=instance,
         tags={"clinical-sync/command": "documents sync"},

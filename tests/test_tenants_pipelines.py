@@ -24,8 +24,8 @@ from connectors.sandbox.server import SandboxServer
 from pipelines import definitions, tenants
 from pipelines.partitions import IN_PROCESS, TENANT_DIMENSION, TENANTS
 from pipelines.resources import ClinicalApiResource, TenantApiResource
-from pipelines.runner import sync
-from pipelines.tenants import Secret, Tenants
+from pipelines.runner import SyncReport, sync
+from pipelines.tenants import Secret, Tenant, Tenants
 from tests.sandboxes import serving
 from tests.truth import canonical, live_rows
 
@@ -43,6 +43,17 @@ def customers() -> Iterator[SandboxServer]:
 def tenants_file(customers, tmp_path, monkeypatch) -> Tenants:
     monkeypatch.setenv("CLINICAL_LIMITER_PATH", str(tmp_path / "ratelimit.sqlite"))
     return sandbox_tenants(customers, tmp_path / "tenants.toml")
+
+
+def sync_tenant(tenant: Tenant, instance) -> SyncReport:
+    """The tenant's run in this process, as `clinical-sync sync --tenant` runs it."""
+    return sync(
+        {},
+        lake_root=str(tenant.lake),
+        warehouse_path=str(tenant.warehouse),
+        tenant=tenant,
+        instance=instance,
+    )
 
 
 def tick(schedule, instance, defs):
@@ -106,13 +117,7 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
     before = customers.sandbox.customer_requests()
     with instance_for_test() as instance:
         for tenant in tenants_file:
-            report = sync(
-                {},
-                lake_root=str(tenant.lake),
-                warehouse_path=str(tenant.warehouse),
-                tenant=tenant,
-                instance=instance,
-            )
+            report = sync_tenant(tenant, instance)
             assert report.success, report.failure
             run = instance.get_run_by_id(report.run_id)
             assert run.tags["dagster/partition"] == tenant.name
@@ -156,13 +161,7 @@ def test_a_tenants_run_reads_its_file_once_and_each_secret_before_and_in_the_run
     monkeypatch.setattr(Secret, "read", lambda self, env: read.append(self) or secret(self, env))
     tenant = tenants.load(tenants_file.path).get("north")
     with instance_for_test() as instance:
-        report = sync(
-            {},
-            lake_root=str(tenant.lake),
-            warehouse_path=str(tenant.warehouse),
-            tenant=tenant,
-            instance=instance,
-        )
+        report = sync_tenant(tenant, instance)
     assert report.success, report.failure
     assert parsed == [tenants_file.path]
     assert sorted(map(str, read)) == sorted(map(str, [tenant.client_secret, tenant.api_key] * 2))
