@@ -18,6 +18,7 @@ from dagster import (
 )
 
 from cli.tenants import sandbox_tenants
+from connectors.clinical_records import transport
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from connectors.sandbox.server import SandboxServer
@@ -167,6 +168,18 @@ def test_a_tenants_run_reads_its_file_once_and_each_secret_before_and_in_the_run
     assert sorted(map(str, read)) == sorted(map(str, [tenant.client_secret, tenant.api_key] * 2))
     tenants_file.path.write_text(tenants_file.path.read_text() + "\n# edited\n")
     assert tenants.load(tenants_file.path).names == list(NAMES) and len(parsed) == 2
+
+
+def test_a_runs_events_hold_its_progress_lines_and_no_request_lines(tenants_file, monkeypatch):
+    """What the UI shows of a run's extraction: a progress line (here at every request), never
+    the line per request, which would be an event written to the instance each."""
+    monkeypatch.setattr(transport, "PROGRESS_SECONDS", 0.0)
+    with instance_for_test() as instance:
+        report = sync_tenant(tenants_file.get("south"), instance)
+        messages = [record.message for record in instance.all_logs(report.run_id)]
+    assert report.success, report.failure
+    assert any("requests so far in this extraction" in m for m in messages)
+    assert not any("status=200" in m for m in messages)
 
 
 def test_a_run_without_its_tenant_is_refused(tenants_file):
