@@ -55,13 +55,6 @@ from sync.budget import BUDGET_VARIABLE, parse_budget
 
 log = logging.getLogger(__name__)
 
-
-class Unchecked:
-    """`sync`'s caller has not checked the configuration: `sync` does."""
-
-
-UNCHECKED = Unchecked()
-
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("entity", "entity set"),
     ("mode", "mode"),
@@ -213,6 +206,13 @@ def selection(only: Sequence[EntitySet]) -> AssetSelection:
     return chosen | AssetSelection.assets(*[table_key(e) for e in only]).downstream(
         include_self=False
     )
+
+
+class Unchecked:
+    """`sync`'s caller has not checked the configuration: `sync` does."""
+
+
+UNCHECKED = Unchecked()
 
 
 def sync(
