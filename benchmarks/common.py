@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from connectors.sandbox.config import VALUE_PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +33,14 @@ def free_port() -> int:
 def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
     """`clinical-sync sandbox ARGS` in a child process; yields its CLINICAL_* settings.
     Unlimited unless ARGS give `--rate` (the command's own default is the spec's 5/s)."""
+    with sandbox_server(*args) as (env, _):
+        yield env
+
+
+@contextmanager
+def sandbox_server(*args: str) -> Iterator[tuple[dict[str, str], psutil.Process]]:
+    """`sandbox_process`, with the server's process: the CPU it spends serving a benchmark
+    shares the machine with the runs measured."""
     cmd = [
         *(sys.executable, "-m", "cli.main", "sandbox", "--port", str(free_port())),
         *("--rate", "0", *args),
@@ -48,7 +58,7 @@ def sandbox_process(*args: str) -> Iterator[dict[str, str]]:
             env[name] = value
         if "CLINICAL_CUSTOMER" not in env:
             raise RuntimeError(f"sandbox exited early: {' '.join(cmd)}")
-        yield env
+        yield env, psutil.Process(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

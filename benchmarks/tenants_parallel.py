@@ -7,7 +7,8 @@ that took longest runs alone, on a fresh warehouse, against the same data.
 
 Prints: the total wall time against that tenant alone (target: within 1.5x), how many tenants
 requested at the same moment (all of them, when none waits in a queue), the floor the CPU sets
-(all runs' CPU seconds over the cores, against the tenant alone), each tenant's
+(all runs' CPU seconds over the cores, against the tenant alone; then with the sandbox's CPU
+too, which serves the ten on the same cores), each tenant's
 rate as its service measured it (every window within rate * window + burst; its mean over its
 active span), where a run's time goes (start-up before its first request, requests, the loads
 and publication after its last), CPU seconds and peak memory per concurrent run, and from
@@ -32,8 +33,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import record, sandbox_server
 from benchmarks.measure import MIB, child_env, console_script, failure, run_measured
+from connectors.clinical_records.postgres import POSTGRES_VARIABLE
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
 from tests.postgres import postgres_server
@@ -47,7 +49,7 @@ def tenant_env(tenants_file: Path, postgres_url: str | None) -> dict[str, str]:
     in PostgreSQL (the shared rate limit with it)."""
     chosen = {"CLINICAL_TENANTS_FILE": str(tenants_file)}
     if postgres_url is not None:
-        chosen["DAGSTER_POSTGRES_URL"] = postgres_url
+        chosen[POSTGRES_VARIABLE] = postgres_url
     return child_env(chosen)
 
 
@@ -100,9 +102,10 @@ def main() -> None:
     try:
         with ExitStack() as stack:
             server = stack.enter_context(postgres_server()) if args.postgres else None
-            env = stack.enter_context(sandbox_process(*sandbox))
+            env, sandbox_proc = stack.enter_context(sandbox_server(*sandbox))
             urls = [server.database(), server.database()] if server else [None, None]
             control = SandboxControl.from_env(env)
+            served = cpu_seconds(sandbox_proc)
             launched = time.monotonic()
             run = run_measured(
                 [cli, "sync", "--all-tenants", "--parallel", str(args.tenants)],
@@ -112,6 +115,7 @@ def main() -> None:
             if run.returncode != 0:
                 raise failure("sync --all-tenants", run)
             ended = time.monotonic()
+            sandbox_all = cpu_seconds(sandbox_proc) - served
             seen = {n: c["requests"] for n, c in control.call("customers").items()}
             throttled = {n: c["throttled"] for n, c in control.call("customers").items()}
             per_tenant = parse_table(run.stdout)
@@ -120,11 +124,13 @@ def main() -> None:
             alone_file.parent.mkdir(parents=True)
             shutil.copy(together, alone_file)
             before = {n: len(c["requests"]) for n, c in control.call("customers").items()}
+            served = cpu_seconds(sandbox_proc)
             alone = run_measured(
                 [cli, "sync", "--tenant", slowest], tenant_env(alone_file, urls[1]), work
             )
             if alone.returncode != 0:
                 raise failure(f"sync --tenant {slowest}", alone)
+            sandbox_alone = cpu_seconds(sandbox_proc) - served
             after = {n: len(c["requests"]) for n, c in control.call("customers").items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -158,6 +164,11 @@ def main() -> None:
         "tenants_requesting_at_once_max": most_at_once(active),
         "cpu_floor_all_at_once_s": round(run.cpu_seconds / psutil.cpu_count(), 1),
         "cpu_floor_ratio_to_alone": round(run.cpu_seconds / psutil.cpu_count() / alone.seconds, 2),
+        "sandbox_cpu_s_all_at_once": round(sandbox_all, 1),
+        "sandbox_cpu_s_alone": round(sandbox_alone, 1),
+        "cpu_floor_with_sandbox_ratio": round(
+            (run.cpu_seconds + sandbox_all) / psutil.cpu_count() / alone.seconds, 2
+        ),
         "requests_per_tenant": {n: c for n, (_, _, c) in active.items()},
         "http_429_per_tenant": throttled,
         "mean_rate_per_tenant": {n: round(r[0], 2) for n, r in rates.items()},
@@ -188,6 +199,12 @@ def main() -> None:
     for name, value in figures.items():
         print(f"{name:32} {value}")
     record("tenants_parallel_postgres" if args.postgres else "tenants_parallel", figures)
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU seconds a process has spent so far."""
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def parse_table(stdout: str) -> dict[str, float]:

@@ -45,7 +45,7 @@ def sync(args: argparse.Namespace) -> int:
         return sync_all(args)
     tenant = chosen(args.tenant)  # None: the one customer of the environment
     # every configuration problem first, before a log file or a run
-    check_configuration(os.environ, tenant)
+    webhook = check_configuration(os.environ, tenant)
     log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
     with terminal_progress(), home.instance(prepared=args.instance_prepared) as instance:
@@ -63,6 +63,7 @@ def sync(args: argparse.Namespace) -> int:
             # Dagster's own lines (a trace per failed step) go to the log file, not here.
             log_level="WARNING" if args.verbose else "CRITICAL",
             tags={"clinical-sync/command": "sync"},
+            webhook=webhook,
         )
         cli_log.write_run(instance, report.run_id, log)
     if not report.success:

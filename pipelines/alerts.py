@@ -33,7 +33,7 @@ from dagster import (
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home
 from pipelines.liveness import PID_TAG
-from pipelines.partitions import PARTITION_TAG, run_tenant
+from pipelines.partitions import PARTITION_TAG, run_place
 from pipelines.verdict import Verdict, verdict_of_run
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from warehouse.figures import Figure
@@ -136,13 +136,13 @@ def _from_sensor(context: RunStatusSensorContext) -> None:
     if PID_TAG in run.tags:
         return  # `clinical-sync` ran it in its own process and concludes it there
     try:
-        tenant = run_tenant(run.tags, home.tenants_file())
+        tenant, warehouse = run_place(run.tags)
     except ConfigError as error:  # the message still goes out, naming what is known
         context.log.warning(f"run {run.run_id}: its tenant is unknown: {error}")
-        tenant = None
+        tenant, warehouse = None, home.warehouse_path()
     conclude(
         verdict_of_run(context.instance, run),
-        warehouse=str(tenant.warehouse) if tenant else home.warehouse_path(),
+        warehouse=warehouse,
         webhook=webhook_from_env(os.environ),
         instance=context.instance,
         say=context.log,

@@ -14,7 +14,9 @@ customer from the environment, unpartitioned, as ever.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -32,6 +34,7 @@ from dagster import (
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.transport import LOGGER_NAME
 from pipelines import home, tenants
 from pipelines.alerts import alert_failed_runs, alert_inexact_runs
 from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
@@ -68,6 +71,21 @@ NIGHTLY_SCHEDULE = "nightly_sync_schedule"
 # The code location's processes (code server, run and step workers) write the warehouse, the
 # lake and Dagster's storage: every file they create is owner-only, whatever the umask.
 private_umask()
+
+
+def request_lines_to_stderr() -> None:
+    """The connector's line per request goes to the Python logger, not into a run's event
+    log (every line there is a row written to the instance); in a code location's processes
+    nothing else prints it, so stderr does: the run's captured output in the UI."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+request_lines_to_stderr()
 
 
 def timezone() -> str:

@@ -28,7 +28,7 @@ from dagster import (
     sensor,
 )
 
-from pipelines import tenants
+from pipelines import home, tenants
 
 TENANT_DIMENSION = "tenant"
 TENANTS = DynamicPartitionsDefinition(name=TENANT_DIMENSION)
@@ -46,13 +46,13 @@ def tenant_of(context: Any) -> str | None:
     return context.partition_key if context.has_partition_key else None
 
 
-def run_tenant(tags: Mapping[str, str], tenants_file: Path | None) -> tenants.Tenant | None:
-    """The tenant whose partition a run is (None without a tenants file or a partition):
-    sensors that conclude a run find its warehouse here. ConfigError for a broken file."""
-    name = tags.get(PARTITION_TAG)
-    if tenants_file is None or name is None:
-        return None
-    return tenants.load(tenants_file).get(name)
+def run_place(tags: Mapping[str, str]) -> tuple[tenants.Tenant | None, str]:
+    """A finished run's tenant (None: the one customer, or a run of no partition) and the
+    warehouse it wrote: where the sensors that conclude a run mark or report it. ConfigError
+    when the tenants file is broken or no longer holds the run's tenant."""
+    path, name = home.tenants_file(), tags.get(PARTITION_TAG)
+    tenant = tenants.load(path).get(name) if path is not None and name is not None else None
+    return tenant, str(tenant.warehouse) if tenant else home.warehouse_path()
 
 
 def changes(names: Sequence[str], held: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-POSTGRES_VARIABLE = "DAGSTER_POSTGRES_URL"
+from connectors.clinical_records import postgres as pg
+from connectors.clinical_records.postgres import POSTGRES_VARIABLE, PostgresRefused
+
 CONNECT_TIMEOUT_SECONDS = 5
 # pg_advisory_lock key held while one process creates or migrates Dagster's tables; any fixed
 # 64-bit number no other program of this database uses.
@@ -52,17 +54,13 @@ def _advice(reason: str) -> str:
 
 def connect(url: str):
     """A psycopg2 connection, or PostgresUnreachable naming the server and what to check."""
-    import psycopg2
-
     place = where(url)
     try:
-        return psycopg2.connect(url, connect_timeout=CONNECT_TIMEOUT_SECONDS)
-    except psycopg2.Error as error:
-        first = (str(error).strip().splitlines() or ["no answer"])[0]
-        reason = first.split(" failed: ", 1)[-1]
+        return pg.connect(url, CONNECT_TIMEOUT_SECONDS)
+    except PostgresRefused as refused:
         raise PostgresUnreachable(
             f"cannot use the Dagster instance's PostgreSQL at {place} ({POSTGRES_VARIABLE}): "
-            f"{reason}; {_advice(reason)}"
+            f"{refused.reason}; {_advice(refused.reason)}"
         ) from None
 
 

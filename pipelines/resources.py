@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dagster import ConfigurableResource
 from pydantic import Field as ConfigField
+from pydantic import PrivateAttr
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
@@ -161,12 +162,16 @@ def _tenant(tenants_file: str, name: str | None) -> Tenant:
 
 class TenantApiResource(ApiAccess):
     """Each tenant's API: its URLs, customer and limit from the tenants file, its credentials
-    from the variables or files the file names, read in the step (never in run config)."""
+    from the variables or files the file names, read in the run (never in run config), once:
+    Dagster initializes a run's resources once for all its steps in its one process."""
 
     tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+    _read: dict[str | None, Settings] = PrivateAttr(default_factory=dict)
 
     def settings(self, tenant: str | None = None) -> Settings:
-        return _tenant(self.tenants_file, tenant).settings()
+        if tenant not in self._read:
+            self._read[tenant] = _tenant(self.tenants_file, tenant).settings()
+        return self._read[tenant]
 
 
 class TenantLakeResource(LakeAccess):

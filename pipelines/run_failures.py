@@ -18,9 +18,8 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines import home
 from pipelines.liveness import run_started_at
-from pipelines.partitions import run_tenant
+from pipelines.partitions import run_place
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse.errors import WarehouseLocked
 from warehouse.load import Warehouse
@@ -85,12 +84,10 @@ def mark_failed_runs(context: RunFailureSensorContext) -> None:
     run_id = context.dagster_run.run_id
     message = first_failure(context.get_step_failure_events())
     started = run_started_at(context.instance, run_id)
-    path, env = home.warehouse_path(), os.environ
     try:
-        tenant = run_tenant(context.dagster_run.tags, home.tenants_file())
+        tenant, path = run_place(context.dagster_run.tags)
     except ConfigError as error:
         context.log.warning(f"run {run_id} of a tenant failed; not marked: {error}")
         return
-    if tenant is not None:  # the run's tenant's warehouse
-        path, env = str(tenant.warehouse), tenant.environment()
+    env = tenant.environment() if tenant is not None else os.environ
     mark_failed(path, run_id, message, env, started)

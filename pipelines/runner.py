@@ -167,9 +167,8 @@ def resources_from_env(
     tenant: Tenant | None = None,
     **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run; the environment (or the tenant's) is validated first
-    (ConfigError). A tenant's run looks its tenant up by partition key, as a daemon's does."""
-    check_configuration(env, tenant)
+    """Resources for an in-process run of a configuration `check_configuration` accepted. A
+    tenant's run looks its tenant up by partition key, as a daemon's does."""
     if tenant is not None:
         places = tenant_resources(tenant.file)
     else:
@@ -210,6 +209,13 @@ def selection(only: Sequence[EntitySet]) -> AssetSelection:
     )
 
 
+class Unchecked:
+    """`sync`'s caller has not checked the configuration: `sync` does."""
+
+
+UNCHECKED = Unchecked()
+
+
 def sync(
     env: Mapping[str, str],
     *,
@@ -224,20 +230,22 @@ def sync(
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
     tenant: Tenant | None = None,
+    webhook: Webhook | Unchecked | None = UNCHECKED,
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did.
     With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
     A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
-    (`pipelines/alerts.py`: this process concludes the runs it executes)."""
+    (`pipelines/alerts.py`: this process concludes the runs it executes). `webhook`: what
+    `check_configuration` answered, when the caller checked the configuration first."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
+    if isinstance(webhook, Unchecked):
+        webhook = check_configuration(env, tenant)
     resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
-    webhook = webhook_from_env(env)
     if tenant is not None:
-        env = tenant.environment(env)  # whose source a failed run is marked against
         instance = instance or DagsterInstance.ephemeral()
         if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
             instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
@@ -276,13 +284,15 @@ def sync(
     loaded = set_figures(result.all_events)
     report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
     report.checks = check_outcomes(result.all_events)
+    if not result.success and tenant is not None:
+        env = tenant.environment(env)  # whose source the failed run is marked against
     report.failure = _failure(result, warehouse_path, env, instance)
     failures = root_failures(result.all_events)
     report.failed_steps = [step for step, _ in failures]
     if failures:
         report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
     report.verdict, report.alert = _conclude(
-        result, job, warehouse_path, env, instance, tenant.name if tenant else None
+        result, job, warehouse_path, webhook, instance, tenant.name if tenant else None
     )
     return report
 
@@ -291,14 +301,13 @@ def _conclude(
     result: Any,
     job: str,
     warehouse_path: str,
-    env: Mapping[str, str],
+    webhook: Webhook | None,
     instance: DagsterInstance | None,
     tenant: str | None,
 ) -> tuple[Verdict, Delivery | None]:
     """How the run ended, and its message when it failed or is not exact: this process
     executed it, so this process tells (the daemon's sensors leave it alone)."""
     ending = verdict(result.run_id, job, result.success, result.all_events)
-    webhook = webhook_from_env(env)
     delivery = conclude(
         ending, warehouse=warehouse_path, webhook=webhook, instance=instance, tenant=tenant
     )
@@ -327,6 +336,7 @@ def sync_documents(
 ) -> DocumentsRun:
     """The `documents_sync` job once: the documents read in the patients' pages, loaded, their
     files fetched when `content`, published."""
+    webhook = check_configuration(env)
     result = _materialize(
         keys.DOCUMENTS_JOB,
         build_sync_assets(),
@@ -343,7 +353,9 @@ def sync_documents(
     for event in result.get_asset_materialization_events():
         figures.update(values(event.materialization.metadata))
     failure = _failure(result, warehouse_path, env, instance)
-    ending, delivery = _conclude(result, keys.DOCUMENTS_JOB, warehouse_path, env, instance, None)
+    ending, delivery = _conclude(
+        result, keys.DOCUMENTS_JOB, warehouse_path, webhook, instance, None
+    )
     return DocumentsRun(result.run_id, result.success, figures, failure, ending, delivery)
 
 

@@ -192,13 +192,25 @@ def configured(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def load(path: str | os.PathLike[str]) -> Tenants:
     """Read and check a tenants file: structure, names, URLs, numbers; not the credentials,
-    which are read where a tenant's settings are needed."""
+    which are read where a tenant's settings are needed. Parsed once per process while the
+    file stays the same (its inode, size and time): a run asks for its tenant at every step,
+    and an edit is still seen by the next question."""
     path = Path(path).expanduser().resolve()
     try:
+        status = path.stat()
+        version = (status.st_ino, status.st_size, status.st_mtime_ns)
+        known = _parsed.get(path)
+        if known is not None and known[0] == version:
+            return known[1]
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise TenantsFileError(path, [f"{path}: cannot be read ({error.strerror})"]) from None
-    return parse(text, path)
+    found = parse(text, path)
+    _parsed[path] = (version, found)
+    return found
+
+
+_parsed: dict[Path, tuple[tuple[int, int, int], Tenants]] = {}  # load's, by path
 
 
 def parse(text: str, path: Path) -> Tenants:

@@ -168,13 +168,14 @@ def _camel_keys(value: object) -> object:
 
 
 def test_helm_concurrency_is_the_postgres_instances_own(monkeypatch):
-    """The chart's run queue and pools equal what pipelines/home.py writes for an instance on
-    PostgreSQL: one source, two renderings that must not drift apart."""
+    """The chart's run queue, pools and log level equal what pipelines/home.py writes for an
+    instance on PostgreSQL: one source, two renderings that must not drift apart."""
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", "postgresql://u:p@db:5432/dagster")
     ours = yaml.safe_load(home.instance_settings())
     chart = load("helm-values.yaml")["concurrency"]
     assert chart.pop("enabled") is True
     assert chart == _camel_keys(ours["concurrency"])
+    assert load("helm-values.yaml")["pythonLogs"] == _camel_keys(ours["python_logs"])
     assert ours["storage"] == {"postgres": {"postgres_url": {"env": "DAGSTER_POSTGRES_URL"}}}
     assert {API_POOL, WAREHOUSE_POOL} <= set(
         (DEPLOY / "helm-values.yaml").read_text(encoding="utf-8").split()

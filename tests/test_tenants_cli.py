@@ -93,8 +93,9 @@ def test_check_names_each_tenants_problem_on_its_line(three, broken, tmp_path):
 
 def test_all_tenants_run_side_by_side_and_exit_with_the_worst(three, broken, tmp_path):
     env = operator(tmp_path, broken)
-    done = run(["sync", "--all-tenants"], env, tmp_path)
+    done = run(["sync", "--all-tenants", "--parallel", "2"], env, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr  # clinic-c: configuration
+    assert "3 tenants, 2 at a time" in done.stdout  # the third starts when one has ended
     rows = {
         line.split()[0]: line.split()
         for line in done.stdout.splitlines()
@@ -118,6 +119,26 @@ def test_all_tenants_run_side_by_side_and_exit_with_the_worst(three, broken, tmp
     }
     assert "success" in rows["clinic-a"] and "failure" in rows["clinic-b"]
     assert "no partition yet" not in rows["clinic-c"]  # --all-tenants kept them in step
+    each_own_output_and_request_lines_in_its_log_file(tmp_path / "tenants.dagster")
+
+
+def each_own_output_and_request_lines_in_its_log_file(home: Path) -> None:
+    """Each tenant's process wrote its own private output; a run's line per request is in
+    its log file, not among the run's Dagster events (each a row in the instance)."""
+    from dagster import DagsterInstance
+
+    (folder,) = (home / "logs").glob("sync-all-tenants-*")
+    outputs = {p.stem: p for p in folder.glob("*.out")}
+    assert sorted(outputs) == list(NAMES)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in outputs.values())
+    a_run = outputs["clinic-a"].read_text().splitlines()[-1].split()[1].rstrip(":")
+    assert "invalid_client" in outputs["clinic-b"].read_text()
+    assert a_run not in outputs["clinic-b"].read_text() + outputs["clinic-c"].read_text()
+    (log,) = (home / "logs").glob("sync-clinic-a-*.log")
+    assert "GET Patients status=200" in log.read_text()
+    with DagsterInstance.local_temp(str(home)) as instance:
+        messages = [record.message for record in instance.all_logs(a_run)]
+    assert messages and not any("status=200" in m for m in messages)
 
 
 def test_add_writes_a_private_file_with_no_secret_in_it(three, tmp_path):

@@ -18,14 +18,15 @@ from dagster import (
 )
 
 from cli.tenants import sandbox_tenants
+from connectors.clinical_records import transport
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.clinical_records.errors import ConfigError
 from connectors.sandbox.server import SandboxServer
-from pipelines import definitions
+from pipelines import definitions, tenants
 from pipelines.partitions import IN_PROCESS, TENANT_DIMENSION, TENANTS
 from pipelines.resources import ClinicalApiResource, TenantApiResource
-from pipelines.runner import sync
-from pipelines.tenants import Tenants
+from pipelines.runner import SyncReport, sync
+from pipelines.tenants import Secret, Tenant, Tenants
 from tests.sandboxes import serving
 from tests.truth import canonical, live_rows
 
@@ -43,6 +44,17 @@ def customers() -> Iterator[SandboxServer]:
 def tenants_file(customers, tmp_path, monkeypatch) -> Tenants:
     monkeypatch.setenv("CLINICAL_LIMITER_PATH", str(tmp_path / "ratelimit.sqlite"))
     return sandbox_tenants(customers, tmp_path / "tenants.toml")
+
+
+def sync_tenant(tenant: Tenant, instance) -> SyncReport:
+    """The tenant's run in this process, as `clinical-sync sync --tenant` runs it."""
+    return sync(
+        {},
+        lake_root=str(tenant.lake),
+        warehouse_path=str(tenant.warehouse),
+        tenant=tenant,
+        instance=instance,
+    )
 
 
 def tick(schedule, instance, defs):
@@ -106,13 +118,7 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
     before = customers.sandbox.customer_requests()
     with instance_for_test() as instance:
         for tenant in tenants_file:
-            report = sync(
-                {},
-                lake_root=str(tenant.lake),
-                warehouse_path=str(tenant.warehouse),
-                tenant=tenant,
-                instance=instance,
-            )
+            report = sync_tenant(tenant, instance)
             assert report.success, report.failure
             run = instance.get_run_by_id(report.run_id)
             assert run.tags["dagster/partition"] == tenant.name
@@ -139,6 +145,41 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
         with duckdb.connect(str(tenant.warehouse), read_only=True) as con:
             (customer,) = con.execute('SELECT "customer" FROM "ops"."source"').fetchone()
         assert customer == tenant.name
+
+
+def test_a_tenants_run_reads_its_file_once_and_each_secret_before_and_in_the_run(
+    tenants_file, monkeypatch
+):
+    """Every step asks for the run's tenant: the file is parsed once in a process while it
+    stays the same, and the credentials are read once to check them before the run and once
+    in it (the run's resources), not at every step."""
+    parsed: list[Path] = []
+    read: list[Secret] = []
+    parse, secret = tenants.parse, Secret.read
+    monkeypatch.setattr(
+        tenants, "parse", lambda text, path: parsed.append(path) or parse(text, path)
+    )
+    monkeypatch.setattr(Secret, "read", lambda self, env: read.append(self) or secret(self, env))
+    tenant = tenants.load(tenants_file.path).get("north")
+    with instance_for_test() as instance:
+        report = sync_tenant(tenant, instance)
+    assert report.success, report.failure
+    assert parsed == [tenants_file.path]
+    assert sorted(map(str, read)) == sorted(map(str, [tenant.client_secret, tenant.api_key] * 2))
+    tenants_file.path.write_text(tenants_file.path.read_text() + "\n# edited\n")
+    assert tenants.load(tenants_file.path).names == list(NAMES) and len(parsed) == 2
+
+
+def test_a_runs_events_hold_its_progress_lines_and_no_request_lines(tenants_file, monkeypatch):
+    """What the UI shows of a run's extraction: a progress line (here at every request), never
+    the line per request, which would be an event written to the instance each."""
+    monkeypatch.setattr(transport, "PROGRESS_SECONDS", 0.0)
+    with instance_for_test() as instance:
+        report = sync_tenant(tenants_file.get("south"), instance)
+        messages = [record.message for record in instance.all_logs(report.run_id)]
+    assert report.success, report.failure
+    assert any("requests so far in this extraction" in m for m in messages)
+    assert not any("status=200" in m for m in messages)
 
 
 def test_a_run_without_its_tenant_is_refused(tenants_file):

@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Protocol
 from pyrate_limiter import Rate, StateStore, TokenBucket
 from pyrate_limiter.abstracts.algorithm import Decision, StateAlgorithm
 
+from connectors.clinical_records import postgres
 from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.postgres import POSTGRES_VARIABLE, PostgresRefused
 
 if TYPE_CHECKING:
     from connectors.clinical_records.settings import Settings
@@ -234,14 +236,11 @@ class PostgresStateStore(SharedStateStore):
         self._conn.commit()
 
     def _connect(self):
-        import psycopg2
-
         try:
-            return psycopg2.connect(self.url, connect_timeout=POSTGRES_CONNECT_TIMEOUT)
-        except psycopg2.Error as error:
-            reason = (str(error).strip().splitlines() or ["no answer"])[0].split(" failed: ")[-1]
+            return postgres.connect(self.url, POSTGRES_CONNECT_TIMEOUT)
+        except PostgresRefused as refused:
             raise ConfigError(
-                "DAGSTER_POSTGRES_URL", f"a PostgreSQL server that answers ({reason})"
+                POSTGRES_VARIABLE, f"a PostgreSQL server that answers ({refused.reason})"
             ) from None
 
     @contextmanager

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from connectors.clinical_records.catalogue import SCOPE_PREFIX
 from connectors.clinical_records.errors import ConfigError
+from connectors.clinical_records.postgres import POSTGRES_VARIABLE
 
 T = TypeVar("T", int, float)
 
@@ -101,7 +102,6 @@ class Settings:
 
 
 SECRET_FIELDS = frozenset({"client_secret", "api_key", "limiter_url"})
-POSTGRES_VARIABLE = "DAGSTER_POSTGRES_URL"
 
 
 def read_dotenv(path: Path) -> dict[str, str]:

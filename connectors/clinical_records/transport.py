@@ -8,6 +8,10 @@ JSON are retried with exponential backoff and jitter (or the server's Retry-Afte
 
 A log line per attempt names the method, the entity set, the status, the duration, the
 attempt and the query option *names*: never a URL, a key, a value, a token or a document id.
+Those lines go to the Python logger `connectors.clinical_records` (the CLI's log file, a code
+server's captured stderr); the logger a caller hands in (a Dagster run's, whose every line is
+an event stored in the instance) gets a progress line every `PROGRESS_SECONDS` and each attempt
+that failed, so a run's event log stays small while its operator still sees it move.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ MAX_RETRY_AFTER = 60.0  # an absurd Retry-After is bounded
 BACKOFF_BASE = 0.25
 BACKOFF_CAP = 15.0
 CHUNK = 64 * 1024
+PROGRESS_SECONDS = 10.0  # at most one progress line this often to the caller's logger
 
 # Failures of the connection itself: the request may be retried as it stands.
 RETRIABLE_TRANSPORT = (httpx.TransportError, httpx.DecodingError)
@@ -221,7 +226,10 @@ class Transport:
         self.settings = settings
         self.limiter = limiter
         self.counters = counters
-        self.log = logger or logging.getLogger(LOGGER_NAME)
+        self.log = logging.getLogger(LOGGER_NAME)
+        self.progress_log = logger
+        self._progress_lock = threading.Lock()
+        self._progress_at = time.monotonic()
         self.http = http_client(settings)
         self.tokens = TokenProvider(
             settings, self.http, on_refresh=lambda: counters.add(token_refreshes=1)
@@ -388,12 +396,28 @@ class Transport:
         return api_error(response.status_code, body, call.label, call.page)
 
     def _log(self, call: Call, status: int | str, started: float, attempt: int) -> None:
-        self.log.info(
-            "%s %s status=%s duration_ms=%.0f attempt=%d options=%s",
-            call.method,
-            call.label,
-            status,
-            (time.monotonic() - started) * 1000,
-            attempt,
+        """The attempt's line to the Python logger; to the caller's, a failed attempt's line
+        and, at most every PROGRESS_SECONDS, how many requests so far."""
+        line = "%s %s status=%s duration_ms=%.0f attempt=%d options=%s"
+        shown = (
+            *(call.method, call.label, status, (time.monotonic() - started) * 1000, attempt),
             ",".join(call.params) or "-",
         )
+        self.log.info(line, *shown)
+        if self.progress_log is None:
+            return
+        if not (isinstance(status, int) and status < 400):
+            self.progress_log.warning(line % shown)
+            return
+        now = time.monotonic()
+        with self._progress_lock:
+            due = now - self._progress_at >= PROGRESS_SECONDS
+            if due:
+                self._progress_at = now
+        if due:
+            figures = self.counters.as_dict()
+            self.progress_log.info(
+                f"{figures['requests']:,} requests so far in this extraction (now "
+                f"{call.label}): {figures['throttled']} throttled (429), "
+                f"{figures['retries']} retried, {figures['wait_seconds']:.1f} s waiting"
+            )
