@@ -143,10 +143,11 @@ class ChangeMark:
             self.entity, filter=window, orderby=[(self.key, False)], top=PAGE_SIZE, count=True
         )
         envelope = self.source.page(query)
-        self.window_page = Span(None, None, [], 0, first=envelope["value"], where=window)
         changed = self._reread(envelope["value"])
-        held = sum(1 for k in self.window if k in self.ledger.held)
-        self.unverified = abs(int(envelope[COUNT]) - held)
+        held = sorted(k for k in self.window if k in self.ledger.held)
+        count = int(envelope[COUNT])
+        self.window_page = Span(None, None, held, count, first=envelope["value"], where=window)
+        self.unverified = abs(count - len(held))
         return not changed and self.unverified == 0
 
     def catch_up(self) -> None:
@@ -157,7 +158,7 @@ class ChangeMark:
         probe saw: every later write sorts at or after it."""
         span = self.window_page
         assert span is not None and span.first is not None
-        records = read_on(self.source, self.ledger, span.first, span)
+        records = read_on(self.source, self.ledger, span)
         self._reread(records)
         there = {self.ledger.key(r) for r in records}
         held = self.ledger.held

@@ -139,3 +139,16 @@ def test_the_mark_counts_the_set_before_the_read():
     reconciler.begin()
     assert reconciler.started_total == 42 and reconciler.mark.mark[0] == instant(41)
     assert COUNT not in source.sent[0].params()  # a query, not an envelope
+
+
+def test_a_window_of_exactly_two_pages_is_read_again_in_two_requests():
+    """The window's count says its second page ends it: no third, empty page. Mark, probe,
+    the window's count with its first page, its second page, then the last look (a probe
+    and the window's count)."""
+    claims = [
+        numbered(n, updated_at="2026-01-04" if n <= 100 else "2026-01-05", billing_branch_id=1)
+        for n in range(1, 301)
+    ]
+    source = MemorySource(CLAIMS, claims, small=ONE_BRANCH)
+    reconciler, taken = run(source)
+    assert reconciler.result.exact and not taken and reconciler.result.requests == 6
