@@ -24,14 +24,13 @@ them with such a delete is not (a set without a cursor has the same blind spot i
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Comparison, Query
-from sync.reconcile_ledger import Ledger
+from sync.reconcile_ledger import Ledger, fingerprint
 from sync.reconcile_ranges import Span, read_on
 from sync.reconcile_source import Source
 
@@ -67,12 +66,6 @@ def blind_spot(entity: EntitySet) -> str:
         "no change cursor: updates, and an insert and a delete in one key range, "
         "are seen by the next snapshot"
     )
-
-
-def fingerprint(record: dict) -> int:
-    """One version of a record, to tell it from another (annotations aside)."""
-    fields = {k: v for k, v in record.items() if not k.startswith("@")}
-    return hash(json.dumps(fields, sort_keys=True, default=str))
 
 
 class ChangeMark:
