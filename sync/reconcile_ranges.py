@@ -66,10 +66,10 @@ def range_filter(key: str, span: Span, *, low: Any = None, past: bool = False) -
 
 def read_on(source: Source, ledger: Ledger, span: Span) -> list[dict]:
     """A span counted with its first page (`first`, `count`), read on by keyset pages to its
-    end. The read stops at the count, not a page later, where it leaves no held key of the
-    span unread: a record inserted between its pages past the last key read is then a
-    difference the next probe sees; where a held key lies past it (pushed on by such an
-    insert, or deleted), the next page settles it."""
+    end. The read stops at the count, not a page later, where no held key of the span lies
+    past the last key read: a record inserted between its pages past that key is then left
+    to the next look's count (or the probe's newest writes); a held key past it (pushed on
+    by such an insert, or deleted) is settled by the next page, not taken as deleted."""
     entity = source.entity
     records = page = span.first or []
     while len(page) >= PAGE_SIZE:
