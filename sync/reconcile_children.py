@@ -17,7 +17,7 @@ from connectors.clinical_records.keys import key_text
 from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Query, between
 from sync.reconcile_ledger import Ledger
-from sync.reconcile_ranges import search_cost
+from sync.reconcile_ranges import Span, read_on, search_cost
 from sync.reconcile_source import Source
 
 # A range of references: (low, high, i, j, count): its held refs[i:j], the source's count in
@@ -90,10 +90,17 @@ class ChildrenByReference:
         return None
 
     def _read(self, ref: str, low: Any, high: Any, found: list[dict]) -> None:
-        """The records whose `ref` lies in [low, high), read: those not held join `found`."""
+        """The records whose `ref` lies in [low, high), read by keyset pages to the count the
+        first carried (`read_on`; it settles no held key): those not held join `found`."""
+        entity = self.source.entity
         self.ranges += 1
-        query = Query(self.source.entity, filter=between(ref, low, high))
-        self._gather(self.source.records(query), found)
+        where = between(ref, low, high)
+        query = Query(
+            entity, filter=where, orderby=[(entity.key, False)], top=PAGE_SIZE, count=True
+        )
+        first = self.source.page(query)
+        span = Span(None, None, [], int(first[COUNT]), first=first["value"], where=where)
+        self._gather(read_on(self.source, self.ledger, span), found)
 
     def _gather(self, records: list[dict], found: list[dict]) -> None:
         seen = {self.ledger.key(r) for r in found}

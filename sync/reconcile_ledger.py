@@ -7,6 +7,7 @@ counted here, as it happens, so no job keeps a copy to keep in step.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,10 +18,16 @@ from sync.reconcile_source import Source
 Records = list[dict]
 
 
+def fingerprint(record: dict) -> int:
+    """One version of a record, to tell it from another (annotations aside)."""
+    fields = {k: v for k, v in record.items() if not k.startswith("@")}
+    return hash(json.dumps(fields, sort_keys=True, default=str))
+
+
 class Ledger:
-    """Keys the warehouse will hold for one set after the run. `to_batch` receives every
-    record re-read, to be written with the batch; `watchers` are told of every record seen (read or
-    re-read), to note what they need of it (a version, a parent)."""
+    """Keys the warehouse will hold for one set after the run. `to_batch` receives each
+    version of a record re-read once, to be written with the batch; `watchers` are told of
+    every record seen (read or re-read), to note what they need of it (a version, a parent)."""
 
     def __init__(
         self, entity: EntitySet, to_batch: Callable[[Records], None], held: Iterable[Any] = ()
@@ -32,6 +39,7 @@ class Ledger:
         self.suspects: list[Any] = []  # keys missing from their parent's cell: gone, or moved
         self.caught_up = 0  # records written during the run, re-read by cursor
         self.inserted = 0  # keys found that no read brought
+        self.handed: dict[Any, int] = {}  # key -> the version last handed to the batch
         self.watchers: list[Callable[[Records], None]] = []
 
     @property
@@ -114,10 +122,23 @@ class Ledger:
         self.add_to_batch(moved)
 
     def add_to_batch(self, records: Records) -> None:
-        """Records re-read, to be written with the batch."""
+        """Records re-read, to be written with the batch; a version already handed is not
+        handed again (a record asked for by key after it moved parent comes back with its
+        new parent's records: a second copy to write, the same)."""
         self._tell(records)
-        if records:
-            self.to_batch(records)
+        if fresh := [record for record in records if self._unhanded(record)]:
+            self.to_batch(fresh)
+
+    def _unhanded(self, record: dict) -> bool:
+        """Whether this version of the record is yet to be handed (noted as handed now)."""
+        key = self.key(record)
+        if key is None:  # nothing to tell it by: normalise rejects it, as the read did
+            return True
+        version = fingerprint(record)
+        if self.handed.get(key) == version:
+            return False
+        self.handed[key] = version
+        return True
 
     def deleted_keys(self) -> list[str]:
         """Keys read, then found gone at the source, as text (the lake's form)."""

@@ -24,14 +24,13 @@ them with such a delete is not (a set without a cursor has the same blind spot i
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Comparison, Query
-from sync.reconcile_ledger import Ledger
+from sync.reconcile_ledger import Ledger, fingerprint
 from sync.reconcile_ranges import Span, read_on
 from sync.reconcile_source import Source
 
@@ -67,12 +66,6 @@ def blind_spot(entity: EntitySet) -> str:
         "no change cursor: updates, and an insert and a delete in one key range, "
         "are seen by the next snapshot"
     )
-
-
-def fingerprint(record: dict) -> int:
-    """One version of a record, to tell it from another (annotations aside)."""
-    fields = {k: v for k, v in record.items() if not k.startswith("@")}
-    return hash(json.dumps(fields, sort_keys=True, default=str))
 
 
 class ChangeMark:
@@ -143,10 +136,11 @@ class ChangeMark:
             self.entity, filter=window, orderby=[(self.key, False)], top=PAGE_SIZE, count=True
         )
         envelope = self.source.page(query)
-        self.window_page = Span(None, None, [], 0, first=envelope["value"], where=window)
         changed = self._reread(envelope["value"])
-        held = sum(1 for k in self.window if k in self.ledger.held)
-        self.unverified = abs(int(envelope[COUNT]) - held)
+        held = sorted(k for k in self.window if k in self.ledger.held)
+        count = int(envelope[COUNT])
+        self.window_page = Span(None, None, held, count, first=envelope["value"], where=window)
+        self.unverified = abs(count - len(held))
         return not changed and self.unverified == 0
 
     def catch_up(self) -> None:
@@ -157,7 +151,7 @@ class ChangeMark:
         probe saw: every later write sorts at or after it."""
         span = self.window_page
         assert span is not None and span.first is not None
-        records = read_on(self.source, self.ledger, span.first, span)
+        records = read_on(self.source, self.ledger, span)
         self._reread(records)
         there = {self.ledger.key(r) for r in records}
         held = self.ledger.held

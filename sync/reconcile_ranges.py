@@ -64,19 +64,28 @@ def range_filter(key: str, span: Span, *, low: Any = None, past: bool = False) -
     return all_of(span.where, between(key, low, span.high, past=past))
 
 
-def read_on(source: Source, ledger: Ledger, records: list[dict], span: Span) -> list[dict]:
-    """A span whose first page is `records`, read on by keyset pages to its end."""
+def read_on(source: Source, ledger: Ledger, span: Span) -> list[dict]:
+    """A span counted with its first page (`first`, `count`), read on by keyset pages to its
+    end. The read stops at the count, not a page later, where no held key of the span lies
+    past the last key read: a record inserted between its pages past that key is then left
+    to the next look's count (or the probe's newest writes); a held key past it (pushed on
+    by such an insert, or deleted) is settled by the next page, not taken as deleted."""
     entity = source.entity
-    page = records
+    records = page = span.first or []
     while len(page) >= PAGE_SIZE:
         last = ledger.key(page[-1])
-        if last is None:
+        if last is None or (len(records) >= span.count and not _held_past(span, last)):
             break
         condition = range_filter(entity.key, span, low=last, past=True)
         query = Query(entity, filter=condition, orderby=[(entity.key, False)], top=PAGE_SIZE)
         page = source.page(query)["value"]
         records = records + page
     return records
+
+
+def _held_past(span: Span, last: Any) -> bool:
+    """Whether a held key of the span sorts after `last` (`keys` are sorted)."""
+    return bool(span.keys) and span.keys[-1] > last
 
 
 SplitByParent = Callable[[Span], list[Span] | None]
@@ -162,7 +171,8 @@ class KeyRanges:
     def _read(self, span: Span) -> None:
         """The span read to its end, every held key of it settled."""
         first = self._range_page(span)
-        records = read_on(self.source, self.ledger, first["value"], span)
+        counted = replace(span, count=int(first[COUNT]), first=first["value"])
+        records = read_on(self.source, self.ledger, counted)
         self.ledger.settle_range(span.keys, records, cell=span.where is not None)
 
     def _count(self, span: Span) -> None:

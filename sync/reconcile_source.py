@@ -1,9 +1,9 @@
 """What reconciliation asks the service, and the one place that counts what it cost.
 
 Reconciliation's jobs (sync/reconcile_*.py) speak to a `Source`, not to the client: a page
-of a query, every page of one, records by key. `ClientSource` asks the service over HTTP;
-tests ask an in-memory list of records that changes on cue (tests/sync/memory_source.py),
-so the search logic runs without a server.
+of a query (read on page by page, `reconcile_ranges.read_on`), records by key.
+`ClientSource` asks the service over HTTP; tests ask an in-memory list of records that
+changes on cue (tests/sync/memory_source.py), so the search logic runs without a server.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ class Source(Protocol):
         `query.entity` may be another set (counts per parent ask the small set)."""
         ...
 
-    def records(self, query: Query) -> list[dict]:
-        """Every record of the set matching `query`, page by page."""
-        ...
-
     def by_key(self, keys: Sequence[Any]) -> list[dict | None]:
         """Each record by its key, in order; None for one the service no longer has."""
         ...
@@ -47,10 +43,6 @@ class ClientSource:
     def page(self, query: Query) -> dict[str, Any]:
         with self._counted():
             return self.client.page(query.entity, query)
-
-    def records(self, query: Query) -> list[dict]:
-        with self._counted():
-            return [r for page in self.client.iter_pages(self.entity, query) for r in page.records]
 
     def by_key(self, keys: Sequence[Any]) -> list[dict | None]:
         with self._counted():

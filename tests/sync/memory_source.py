@@ -14,7 +14,6 @@ or delete between two requests. `requests` counts reconciliation's alone.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -93,13 +92,6 @@ class MemorySource:
         if query.count:
             envelope[COUNT] = len(matched)
         return envelope
-
-    def records(self, query: Query) -> list[dict]:
-        self._request(query)
-        matched = self._matching(self.entity, query)
-        for _ in range(1, math.ceil(len(matched) / PAGE_SIZE)):  # one request a page
-            self._request(query)
-        return [dict(r) for r in matched]
 
     def by_key(self, keys: Sequence[Any]) -> list[dict | None]:
         found = []

@@ -65,3 +65,20 @@ def test_nothing_expected_asks_nothing():
     source, reconciler, parents = verifications(lost_parent=3)
     assert reconciler.find_children(REF, refs_held(reconciler, source), 0, parents) == []
     assert source.requests == 0
+
+
+def test_children_read_under_one_reference_are_read_to_the_count_of_their_first_page():
+    """Prescription 500 holds 197 verifications, and the 3 of 501 (deleted before its page)
+    share its range of references: that range's 200 records are read in two pages (the
+    first with their count), not a third, empty one."""
+    records = [numbered(k, prescription_id=k // 3) for k in range(1500)]
+    records += [numbered(k, prescription_id=500) for k in range(5000, 5197)]
+    records += [numbered(k, prescription_id=501) for k in range(6000, 6003)]
+    source = MemorySource(ENTITY, records)
+    reconciler = Reconciler(ENTITY, take=lambda records: None, source=source)
+    reconciler.read([r for r in records if r[REF] != 501])
+    parents = {key_text(p) for p in range(501)}
+    found = reconciler.find_children(REF, refs_held(reconciler, source), 3, parents)
+    assert keys_of(found) == {6000, 6001, 6002}
+    read_on = [q for q in source.sent if q.filter is not None and "id gt" in str(q.params())]
+    assert len(read_on) == 1, source.sent[-3:]

@@ -69,3 +69,17 @@ def test_watchers_see_every_record_read_or_re_read():
     ledger.settle_range([], [numbered(2)])
     ledger.add_to_batch([])
     assert seen == [1, 2]
+
+
+def test_a_version_is_handed_to_the_batch_once():
+    """A record asked for by key after it moved parent comes again with its new parent's
+    records: the same version is not handed twice; a newer one is."""
+    ledger, taken = ledger_of({1, 2})
+    ledger.settle_range([1, 2], [numbered(1, branch_id=7)], cell=True)
+    ledger.confirm(
+        MemorySource(PRESCRIPTIONS, [numbered(1, branch_id=7), numbered(2, branch_id=8)])
+    )
+    ledger.settle_range([], [numbered(2, branch_id=8), numbered(3, branch_id=8)], cell=True)
+    assert [r["id"] for r in taken] == [1, 2, 3]
+    ledger.rewritten([numbered(2, branch_id=9)])
+    assert [(r["id"], r["branch_id"]) for r in taken[3:]] == [(2, 9)]

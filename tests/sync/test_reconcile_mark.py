@@ -139,3 +139,31 @@ def test_the_mark_counts_the_set_before_the_read():
     reconciler.begin()
     assert reconciler.started_total == 42 and reconciler.mark.mark[0] == instant(41)
     assert COUNT not in source.sent[0].params()  # a query, not an envelope
+
+
+def a_window_of_two_pages() -> MemorySource:
+    """300 claims, the 200 of the mark's day the window (a date cursor)."""
+    claims = [
+        numbered(n, updated_at="2026-01-04" if n <= 100 else "2026-01-05", billing_branch_id=1)
+        for n in range(1, 301)
+    ]
+    return MemorySource(CLAIMS, claims, small=ONE_BRANCH)
+
+
+def test_a_window_of_exactly_two_pages_is_read_again_in_two_requests():
+    """The window's count says its second page ends it: no third, empty page. Mark, probe,
+    the window's count with its first page, its second page, then the last look (a probe
+    and the window's count)."""
+    reconciler, taken = run(source := a_window_of_two_pages())
+    assert reconciler.result.exact and not taken and source.requests == 6
+
+
+def test_an_insert_past_the_window_read_to_its_count_is_caught_by_the_next_probe():
+    """Written between the window's pages, past its last key: the read on stops at the
+    count without it, and the next probe (the newest writes) re-reads it."""
+    source = a_window_of_two_pages()
+    # 1 mark, 2-5 read (the last page empty), 6 probe, 7 window count (its first page), 8 read on
+    source.before(8, lambda: source.insert(numbered(1000, updated_at="2026-01-05")))
+    reconciler, taken = run(source)
+    assert keys_of(taken) == {1000} and 1000 in reconciler.held
+    assert reconciler.result.exact and reconciler.result.caught_up == 1

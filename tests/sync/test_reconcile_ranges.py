@@ -114,3 +114,39 @@ def test_a_difference_no_range_shows_is_reported_after_fruitless_rounds(caplog):
         result = reconciler.finish()
     assert result.residual == 1 and result.rounds == 3 and result.requests == 3
     assert "count differs by 1 from the keys held, and no key range" in caplog.text
+
+
+def read_whole(source: MemorySource, held) -> tuple[Reconciler, list[dict]]:
+    """A set no dearer to read than to search for two records: probe (request 1), the
+    read's first page with its count (2), its second (3), and so on, then the last probe."""
+    return reconcile(source, held, expected_new=2)
+
+
+def test_a_range_of_exactly_two_pages_is_read_in_two_requests():
+    """The first page's count says the second page ends the range: no third, empty page."""
+    held = set(range(2, 402, 2))  # 200 keys
+    reconciler, _ = read_whole(a_set(held), held)
+    assert reconciler.result.exact and reconciler.result.requests == 2 + 2  # probes, pages
+
+
+@pytest.mark.parametrize("inserted", [251, 1001])  # within the second page, past every key
+def test_an_insert_between_the_pages_of_a_range_read_to_its_count_is_found(inserted):
+    """251 pushes the range's highest held key off the second page: read on to settle it
+    (not taken as deleted). 1001 lies past every held key: the read stops at its count, and
+    the last probe (the highest keys) shows it."""
+    held = set(range(2, 402, 2))
+    source = a_set(held)
+    source.before(3, lambda: source.insert(numbered(inserted, prescription_id=1)))
+    reconciler, taken = read_whole(source, held)
+    result = reconciler.result
+    assert reconciler.held == held | {inserted} and inserted in keys_of(taken)
+    assert (result.inserted, result.deleted) == (1, 0) and result.exact, result
+
+
+def test_a_delete_between_the_pages_of_a_range_read_to_its_count_is_found():
+    held = set(range(2, 402, 2))
+    source = a_set(held)
+    source.before(3, lambda: source.delete(300))
+    reconciler, _ = read_whole(source, held)
+    assert reconciler.deleted_keys() == ["300"] and reconciler.held == held - {300}
+    assert reconciler.result.exact and reconciler.result.requests == 2 + 2
