@@ -65,7 +65,7 @@ def sync(args: argparse.Namespace) -> int:
             tags={"clinical-sync/command": "sync"},
             webhook=webhook,
         )
-        cli_log.write_run(instance, report.run_id, log)
+        cli_log.write_run(instance, report.run_id, log, succeeded=report.success)
     if not report.success:
         if report.entities:
             print("loaded before the failure:")

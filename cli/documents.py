@@ -173,7 +173,7 @@ def sync(args: argparse.Namespace) -> int:
             instance=instance,
             log_level="WARNING" if args.verbose else "CRITICAL",  # the full story: the log
         )
-        cli_log.write_run(instance, run.run_id, log)
+        cli_log.write_run(instance, run.run_id, log, succeeded=run.success)
     if not run.success:
         return _fail(REFUSED, f"documents sync failed: {run.failure}\n  log:  {log}")
     print(format_table([["figure", "value"], *([k, _cell(v)] for k, v in run.figures.items())]))

@@ -78,8 +78,18 @@ def capture(path: Path, *, verbose: bool) -> None:
     logging.captureWarnings(True)
 
 
-def write_run(instance: DagsterInstance, run_id: str, path: Path) -> None:
-    """Append a run's Dagster events, with every error's full trace, to the log file."""
+def write_run(instance: DagsterInstance, run_id: str, path: Path, *, succeeded: bool) -> None:
+    """Append a failed run's Dagster events, with every error's full trace, to the log file;
+    a run that succeeded gets one line of figures. Its events stay in the instance (the UI's
+    run page): reading them all back cost every run CPU for a file nobody reads then."""
+    if succeeded:
+        stats = instance.get_run_stats(run_id)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(
+                f"--- run {run_id} succeeded: {stats.steps_succeeded} steps, "
+                f"{stats.materializations} materializations; its events are in Dagster\n"
+            )
+        return
     with path.open("a", encoding="utf-8") as out:
         out.write(f"--- Dagster events of run {run_id}\n")
         for record in instance.all_logs(run_id):

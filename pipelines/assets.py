@@ -338,7 +338,9 @@ def build_load_asset(
                 }
             )
         )
-        yield from results
+        # Named in full: Dagster otherwise looks up the asset's materialization once more per
+        # check only to learn which check a result is (a storage query each).
+        yield from (result._replace(asset_key=table_key(entity)) for result in results)
 
     return load_entity
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import os
 import time
 from pathlib import Path
 
@@ -117,6 +118,28 @@ def test_ca_bundle_is_loaded(tmp_path: Path) -> None:
     from connectors.clinical_records.transport import ssl_context
 
     assert ssl_context(settings).cert_store_stats()["x509_ca"] > 0
+
+
+def test_ssl_context_is_built_once_and_verifies(tmp_path: Path) -> None:
+    """One context per process and bundle, as strict as the default; a bundle rewritten in
+    place (a rotated CA) is loaded again."""
+    import ssl
+
+    import certifi
+
+    from connectors.clinical_records.transport import ssl_context
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes())
+    settings = Settings.from_env(valid_env(CLINICAL_CA_BUNDLE=str(bundle)), dotenv_path=None)
+    first = ssl_context(settings)
+    assert ssl_context(settings) is first
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    plain = Settings.from_env(valid_env(), dotenv_path=None)
+    assert ssl_context(plain) is ssl_context(plain) is not first
+    assert ssl_context(plain).verify_mode == ssl.CERT_REQUIRED
+    os.utime(bundle, ns=(0, 1))
+    assert ssl_context(settings) is not first
 
 
 def test_retry_after_forms_are_bounded() -> None:

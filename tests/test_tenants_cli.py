@@ -135,7 +135,10 @@ def each_own_output_and_request_lines_in_its_log_file(home: Path) -> None:
     assert "invalid_client" in outputs["clinic-b"].read_text()
     assert a_run not in outputs["clinic-b"].read_text() + outputs["clinic-c"].read_text()
     (log,) = (home / "logs").glob("sync-clinic-a-*.log")
-    assert "GET Patients status=200" in log.read_text()
+    text = log.read_text()
+    assert "GET Patients status=200" in text
+    # a run that succeeded: one line of figures, its events left in the instance
+    assert f"--- run {a_run} succeeded:" in text and "Dagster events of run" not in text
     with DagsterInstance.local_temp(str(home)) as instance:
         messages = [record.message for record in instance.all_logs(a_run)]
     assert messages and not any("status=200" in m for m in messages)

@@ -3,6 +3,7 @@ warehouses made by older versions up to date in the same transaction."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Collection, Iterable
@@ -32,14 +33,21 @@ def fingerprint(statements: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(statements).encode()).hexdigest()
 
 
+@functools.cache
+def _ddl(entities: tuple[EntitySet, ...]) -> tuple[tuple[str, ...], str]:
+    """The DDL of `entities` and its fingerprint, made once per process: a run's every load
+    step asks, and writing out a few hundred statements to compare costs CPU each time."""
+    statements = tuple(ddl.statements(entities))
+    return statements, fingerprint(statements)
+
+
 def ensure_schema(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> None:
     """Create (or extend) every schema, table and comment; safe to run on every start.
 
     Skipped when the DDL's fingerprint is the one last applied: every load step calls
     this, and re-running a few hundred statements cost half a second each time."""
-    entities = list(entities)
-    statements = list(ddl.statements(entities))
-    applied = fingerprint(statements)
+    entities = tuple(entities)
+    statements, applied = _ddl(entities)
     if ops.applied_schema(con) == applied:
         return
     with Transaction(con):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import functools
 import logging
 import os
 import random
@@ -158,9 +159,21 @@ def backoff(attempt: int) -> float:
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext:
+    """The default verification (certificates and host names checked), with the CA bundle
+    when one is set. Built once per process and bundle: loading the system's certificates
+    costs CPU each time, and a run opens a client per extraction. A bundle rewritten in place
+    (a rotated CA) gets a new context."""
+    bundle = settings.ca_bundle
+    if bundle is None:
+        return _verifying_context(None, 0)
+    return _verifying_context(str(bundle), os.stat(bundle).st_mtime_ns)
+
+
+@functools.cache
+def _verifying_context(ca_bundle: str | None, modified_ns: int) -> ssl.SSLContext:
     context = ssl.create_default_context()
-    if settings.ca_bundle is not None:
-        context.load_verify_locations(cafile=str(settings.ca_bundle))
+    if ca_bundle is not None:
+        context.load_verify_locations(cafile=ca_bundle)
     return context
 
 
