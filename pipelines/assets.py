@@ -72,7 +72,7 @@ from sync.reconcile import Reconciliation
 from sync.service_memory import ServiceMemory
 from sync.state import (
     LOCK_WAIT_SECONDS,
-    Committed,
+    CommittedState,
     covered_since,
 )
 from sync.strategy import Mode
@@ -207,7 +207,7 @@ def build_extract_asset(
         chosen = [e for e in family if lake_key(e) in context.selected_asset_keys]
         options = sync_options.options()
         budget = parse_budget(sync_options.nightly_budget, settings.rate_limit)
-        with Committed(warehouse.working(tenant)) as committed:  # one read-only look per step
+        with CommittedState(warehouse.working(tenant)) as committed:  # one read-only look per step
             if budget_applies(options, budget):
                 started = run_started_at(context.instance, context.run.run_id) or datetime.now(UTC)
                 options, told = within_budget(options, budget, *committed.sizes(), started)

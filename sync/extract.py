@@ -241,7 +241,7 @@ def extract(
         writer = BatchWriter(lake, plan, run_id, previous_watermark)
         reconciler = None
         if plan.moves_watermark:  # a backfill reads a date range, not the set
-            reconciler = Reconciler(entity, client, take=writer.add, held=held)
+            reconciler = Reconciler(entity, client, to_batch=writer.add, held=held)
             reconciler.begin()
         progress.start(entity.name)
         key_range = KeyRange.of(plan, held) if plan.mode is Mode.RANGE else None

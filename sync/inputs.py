@@ -18,7 +18,7 @@ from sync.strategy import Mode, Options, Plan, SyncState, plan
 
 
 class CommittedState(Protocol):
-    """What the warehouse committed, as `sync.state.Committed` reads it."""
+    """What the warehouse committed, as `sync.state.CommittedState` reads it."""
 
     def state(self, entity: EntitySet) -> SyncState: ...
 

@@ -132,7 +132,9 @@ def _packed_read(
     if root_input is not None:
         root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)
         if root_input.plan.moves_watermark:
-            root_reconciler = Reconciler(root, client, take=root_writer.add, held=root_input.held)
+            root_reconciler = Reconciler(
+                root, client, to_batch=root_writer.add, held=root_input.held
+            )
     riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.carried]
     if read.listed:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
@@ -224,7 +226,7 @@ def _rider(
     reconciler = None
     if child.contained_in is None:
         held = child_input.held if child_input.plan.mode is Mode.INCREMENTAL else ()
-        reconciler = Reconciler(child, client, take=writer.add, held=held)
+        reconciler = Reconciler(child, client, to_batch=writer.add, held=held)
     return Rider(child, nav, child_input, writer, reconciler)
 
 

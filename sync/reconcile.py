@@ -121,7 +121,7 @@ class Reconciler:
     """Reconciles one extraction: `begin` before the read, `read` each page, `finish` after.
 
     `held` are the keys the warehouse holds live before the run (an increment reads only
-    what changed); `take` receives every record re-read, to be written with the batch.
+    what changed); `to_batch` receives every record re-read, to be written with the batch.
     `source`: what is asked instead of `client` (tests: an in-memory list of records)."""
 
     def __init__(
@@ -129,7 +129,7 @@ class Reconciler:
         entity: EntitySet,
         client: ClinicalClient | None = None,
         *,
-        take: Callable[[list[dict]], None],
+        to_batch: Callable[[list[dict]], None],
         held: Iterable[Any] = (),
         source: Source | None = None,
     ) -> None:
@@ -138,7 +138,7 @@ class Reconciler:
                 raise TypeError("Reconciler needs a client or a source to ask")
             source = ClientSource(client, entity)
         self.entity, self.source = entity, source
-        self.ledger = Ledger(entity, take, held)
+        self.ledger = Ledger(entity, to_batch, held)
         self.mark = ChangeMark(source, self.ledger)
         self.cells = ParentCells(source, self.ledger)
         self.ranges = KeyRanges(source, self.ledger, self.cells.split)

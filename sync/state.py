@@ -32,7 +32,7 @@ def _utc(moment: datetime | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-class Committed:
+class CommittedState:
     """A read-only look at what the warehouse committed, opened once for one extraction
     step (a family reads several sets' state, keys and parents). Before the first sync,
     or before the schema exists, every answer is empty."""
@@ -41,7 +41,7 @@ class Committed:
         self.path = Path(warehouse_path)
         self._wh: Warehouse | None = None
 
-    def __enter__(self) -> Committed:
+    def __enter__(self) -> CommittedState:
         if self.path.exists():
             self._wh = Warehouse(self.path, read_only=True, wait=LOCK_WAIT_SECONDS).__enter__()
         return self

@@ -22,7 +22,7 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.documents import DocumentsClient
 from connectors.clinical_records.keys import entity_key, key_text, to_api
 from sync.extract import KeyRange
-from sync.state import Committed
+from sync.state import CommittedState
 from sync.strategy import Mode, Plan
 from tests.warehouse_records import Harness, record
 from warehouse.normalise import normalise
@@ -96,7 +96,7 @@ def test_held_keys_are_the_keys_the_pager_sees(tmp_path):
     h.sync(PATIENTS, [record(PATIENTS, 1, id=k, **digits) for k in ("00123", "123")])
     h.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, i) for i in (9, 10, 100)])
     h.close()
-    with Committed(h.path) as committed:
+    with CommittedState(h.path) as committed:
         patients = committed.held_keys(PATIENTS)
         prescriptions = committed.held_keys(PRESCRIPTIONS)
     assert patients == {entity_key(PATIENTS, r) for r in ("00123", "123")} == {"00123", "123"}

@@ -53,7 +53,7 @@ def test_a_change_while_the_catch_up_is_in_flight_is_seen(a_day_of_claims, tmp_p
     table = server.store.table(CLAIMS.name)
     taken: list[dict] = []
     with ClinicalClient(settings_for(server, tmp_path)) as client:
-        reconciler = Reconciler(CLAIMS, client, take=taken.extend)
+        reconciler = Reconciler(CLAIMS, client, to_batch=taken.extend)
         read_all(reconciler, client, taken)
         today = server.store.now.date().isoformat()
         # Written after its page was read: today's claims must be read again.
@@ -87,7 +87,7 @@ def test_a_text_without_a_format_is_no_change_cursor(tmp_path):
     ):
         table = server.store.table(PRESCRIPTIONS.name)
         taken: list[dict] = []
-        reconciler = Reconciler(PRESCRIPTIONS, client, take=taken.extend)
+        reconciler = Reconciler(PRESCRIPTIONS, client, to_batch=taken.extend)
         read_all(reconciler, client, taken)
         new, gone = table.keys[-1] + 1, table.keys[len(table) // 2]
         newest = max(datetime.fromisoformat(r["created_at"]) for r in table.rows)

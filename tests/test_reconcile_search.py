@@ -39,7 +39,7 @@ def moved(tmp_path):
 def test_a_count_that_agrees_hides_a_missing_record_and_a_deleted_one(moved, tmp_path):
     server, held, missing, deleted = moved
     with ClinicalClient(settings_for(server, tmp_path)) as client:
-        reconciler = Reconciler(ENTITY, client, take=lambda records: None, held=held)
+        reconciler = Reconciler(ENTITY, client, to_batch=lambda records: None, held=held)
         result = reconciler.finish()
     assert result.exact and result.requests == 1  # one probe: the count agrees
     assert missing not in reconciler.held and deleted in reconciler.held
@@ -49,7 +49,7 @@ def test_records_expected_from_earlier_counts_are_searched_for_where_counts_agre
     server, held, missing, deleted = moved
     taken: list[dict] = []
     with ClinicalClient(settings_for(server, tmp_path)) as client:
-        reconciler = Reconciler(ENTITY, client, take=taken.extend, held=held)
+        reconciler = Reconciler(ENTITY, client, to_batch=taken.extend, held=held)
         result = reconciler.finish(expected_new=1)
     assert missing in reconciler.held and missing in {r[ENTITY.key] for r in taken}
     assert reconciler.deleted_keys() == [str(deleted)]
@@ -67,7 +67,7 @@ def test_what_the_search_cannot_find_is_reported(tmp_path, scale, reads_it_all):
         ClinicalClient(settings_for(server, tmp_path)) as client,
     ):
         held = set(read_ids(client, ENTITY))
-        reconciler = Reconciler(ENTITY, client, take=lambda records: None, held=held)
+        reconciler = Reconciler(ENTITY, client, to_batch=lambda records: None, held=held)
         result = reconciler.finish(expected_new=2)
     pages = -(-len(held) // 100)
     assert result.residual == 0 and result.inserted == 0 and result.deleted == 0
@@ -90,7 +90,7 @@ def test_the_probe_settles_the_highest_keys_of_a_set_without_a_cursor(tmp_path):
         table = server.store.tables[ENTITY.name]
         table.delete(keys[-50])
         server.store.plant(ENTITY, {**table.get(keys[0]), ENTITY.key: keys[-1] + 1000})
-        reconciler = Reconciler(ENTITY, client, take=lambda records: None, held=keys)
+        reconciler = Reconciler(ENTITY, client, to_batch=lambda records: None, held=keys)
         result = reconciler.finish()
     assert len(keys) > 300
     assert (result.inserted, result.deleted, result.requests) == (1, 1, 1), result
@@ -109,7 +109,7 @@ def test_a_range_of_two_pages_costs_one_request_when_its_first_page_holds_the_di
     ):
         keys = sorted(read_ids(client, PHYSICIANS))
         server.store.tables[PHYSICIANS.name].delete(keys[10])
-        reconciler = Reconciler(PHYSICIANS, client, take=lambda records: None, held=keys)
+        reconciler = Reconciler(PHYSICIANS, client, to_batch=lambda records: None, held=keys)
         result = reconciler.finish()
     assert 100 < len(keys) <= 200 and PHYSICIANS.change_cursor is None
     assert reconciler.deleted_keys() == [str(keys[10])]
@@ -133,7 +133,7 @@ def test_children_of_a_parent_deleted_before_its_page_are_found_together(tmp_pat
         held = [r for r in records if r["id"] not in orphans]
         refs = sorted(r["patient_id"] for r in held if r["patient_id"] is not None)
         reconciler = Reconciler(
-            APPOINTMENTS, client, take=lambda records: None, held=[r["id"] for r in held]
+            APPOINTMENTS, client, to_batch=lambda records: None, held=[r["id"] for r in held]
         )
         parents = {key_text(p) for p in by_parent} - {key_text(parent)}
         found = reconciler.find_children("patient_id", refs, len(orphans), parents)
@@ -161,7 +161,7 @@ def test_a_set_a_small_set_navigates_to_is_searched_per_parent(patients):
     server, client, records = patients
     gone = next(r for r in records[len(records) // 3 :] if r["primary_branch_id"] is not None)
     server.store.tables[PATIENTS.name].delete(gone["id"])
-    reconciler = Reconciler(PATIENTS, client, take=lambda records: None)
+    reconciler = Reconciler(PATIENTS, client, to_batch=lambda records: None)
     reconciler.read(records)
     result = reconciler.finish()
     pages = -(-len(records) // 100)
@@ -181,7 +181,7 @@ def test_a_record_that_moved_to_another_parent_unseen_is_not_taken_for_deleted(p
     table.delete(gone["id"])
     server.store.plant(PATIENTS, {**moved, "primary_branch_id": branches[1]})
     taken: list[dict] = []
-    reconciler = Reconciler(PATIENTS, client, take=taken.extend)
+    reconciler = Reconciler(PATIENTS, client, to_batch=taken.extend)
     reconciler.read(records)
     result = reconciler.finish()
     assert reconciler.deleted_keys() == [gone["id"]] and result.exact
@@ -199,7 +199,7 @@ def test_a_record_that_moved_into_a_cell_whose_count_agrees_is_not_lost(patients
     gone = next(r for r in records if r["primary_branch_id"] == branches[1])
     server.store.tables[PATIENTS.name].delete(gone["id"])
     server.store.plant(PATIENTS, {**moved, "primary_branch_id": branches[1]})
-    reconciler = Reconciler(PATIENTS, client, take=lambda records: None)
+    reconciler = Reconciler(PATIENTS, client, to_batch=lambda records: None)
     reconciler.read(records)
     result = reconciler.finish()
     assert moved["id"] in reconciler.held and moved["id"] not in reconciler.deleted_keys()

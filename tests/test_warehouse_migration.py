@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, CLAIMS, DOCUMENTS, PATIENTS
-from sync.state import Committed
+from sync.state import CommittedState
 from sync.strategy import Mode, Options, plan
 from tests.fixtures.before_issue_29.make import record
 from tests.warehouse_records import T0, contents
@@ -104,7 +104,7 @@ def test_an_old_warehouse_is_retyped_in_place_and_read_whole_next(tmp_path, capl
     said = [r.getMessage() for r in caplog.records if r.name == MIGRATION_LOG]
     assert len(said) == 1 and "read whole on the next run: Patients" in said[0]
     assert '"00123" and "123" merged' in said[0] and "AppointmentTypes retyped" not in said[0]
-    with Committed(path) as committed:
+    with CommittedState(path) as committed:
         for entity in (PATIENTS, CLAIMS):
             decided = plan(entity, committed.state(entity), Options())
             assert decided.mode is Mode.SNAPSHOT, decided

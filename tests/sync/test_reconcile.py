@@ -33,7 +33,9 @@ def test_the_figures_keep_their_names():
 def test_a_count_that_agrees_ends_in_one_request_and_says_nothing(caplog):
     held = set(range(1, 401))
     source = MemorySource(INSURANCE_VERIFICATIONS, [numbered(k) for k in held])
-    reconciler = Reconciler(INSURANCE_VERIFICATIONS, take=lambda r: None, held=held, source=source)
+    reconciler = Reconciler(
+        INSURANCE_VERIFICATIONS, to_batch=lambda r: None, held=held, source=source
+    )
     with caplog.at_level(logging.WARNING):
         result = reconciler.finish()
     assert result.exact and result.requests == result.rounds == 1 and not caplog.text
@@ -43,7 +45,9 @@ def test_a_count_that_agrees_ends_in_one_request_and_says_nothing(caplog):
 def test_a_budget_spent_is_said_once_with_the_difference(caplog):
     held = set(range(1, 3001))
     source = MemorySource(INSURANCE_VERIFICATIONS, [numbered(k) for k in held - {9, 1999}])
-    reconciler = Reconciler(INSURANCE_VERIFICATIONS, take=lambda r: None, held=held, source=source)
+    reconciler = Reconciler(
+        INSURANCE_VERIFICATIONS, to_batch=lambda r: None, held=held, source=source
+    )
     with caplog.at_level(logging.WARNING):
         result = reconciler.finish(budget=2)
     assert [r.getMessage() for r in caplog.records] == [

@@ -22,7 +22,7 @@ def prescriptions(**source: bool) -> tuple[MemorySource, list[dict]]:
 
 def read(source: MemorySource, records: list[dict]) -> tuple[Reconciler, list[dict]]:
     taken: list[dict] = []
-    reconciler = Reconciler(PRESCRIPTIONS, take=taken.extend, source=source)
+    reconciler = Reconciler(PRESCRIPTIONS, to_batch=taken.extend, source=source)
     reconciler.read(records)
     return reconciler, taken
 
@@ -79,7 +79,7 @@ def test_keys_held_without_their_parent_are_searched_by_key_ranges():
     known, so no branch is counted (no request to Branches)."""
     source, records = prescriptions()
     reconciler = Reconciler(
-        PRESCRIPTIONS, take=lambda r: None, held=keys_of(records), source=source
+        PRESCRIPTIONS, to_batch=lambda r: None, held=keys_of(records), source=source
     )
     source.delete(302)
     result = reconciler.finish()

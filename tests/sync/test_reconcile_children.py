@@ -23,7 +23,7 @@ def verifications(lost_parent: int | None) -> tuple[MemorySource, Reconciler, se
     records = [numbered(k, prescription_id=k // 3) for k in range(3000)]
     source = MemorySource(ENTITY, records)
     read = [r for r in records if r[REF] != lost_parent]
-    reconciler = Reconciler(ENTITY, take=lambda records: None, source=source)
+    reconciler = Reconciler(ENTITY, to_batch=lambda records: None, source=source)
     reconciler.read(read)
     parents = {key_text(p) for p in range(1000) if p != lost_parent}
     return source, reconciler, parents
@@ -75,7 +75,7 @@ def test_children_read_under_one_reference_are_read_to_the_count_of_their_first_
     records += [numbered(k, prescription_id=500) for k in range(5000, 5197)]
     records += [numbered(k, prescription_id=501) for k in range(6000, 6003)]
     source = MemorySource(ENTITY, records)
-    reconciler = Reconciler(ENTITY, take=lambda records: None, source=source)
+    reconciler = Reconciler(ENTITY, to_batch=lambda records: None, source=source)
     reconciler.read([r for r in records if r[REF] != 501])
     parents = {key_text(p) for p in range(501)}
     found = reconciler.find_children(REF, refs_held(reconciler, source), 3, parents)

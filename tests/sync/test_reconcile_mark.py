@@ -17,7 +17,7 @@ ONE_BRANCH = (BRANCHES, [{"id": 1}])
 def run(source: MemorySource, held=()) -> tuple[Reconciler, list[dict]]:
     """A run: the mark (request 1), the read (a request a page), then reconciliation."""
     taken: list[dict] = []
-    reconciler = Reconciler(source.entity, take=taken.extend, held=held, source=source)
+    reconciler = Reconciler(source.entity, to_batch=taken.extend, held=held, source=source)
     reconciler.begin()
     read_through(reconciler, source)
     reconciler.finish()
@@ -109,7 +109,7 @@ def test_a_window_the_budget_leaves_unread_is_reported_stale(caplog):
     """Two requests cannot read the window again: what it holds is left unverified, and
     said (at least one record), not passed over as exact."""
     source = MemorySource(CLAIMS, a_day_of_claims(), small=ONE_BRANCH)
-    reconciler = Reconciler(CLAIMS, take=lambda records: None, source=source)
+    reconciler = Reconciler(CLAIMS, to_batch=lambda records: None, source=source)
     reconciler.begin()
     read_through(reconciler, source)
     with caplog.at_level(logging.WARNING):
@@ -127,7 +127,7 @@ def test_without_a_cursor_the_probe_settles_the_highest_keys():
     held = {r["id"] for r in records}
     source.delete("P0250")
     source.insert(numbered("P0300"))
-    reconciler = Reconciler(PHYSICIANS, take=lambda records: None, held=held, source=source)
+    reconciler = Reconciler(PHYSICIANS, to_batch=lambda records: None, held=held, source=source)
     result = reconciler.finish()
     assert reconciler.deleted_keys() == ["P0250"] and "P0300" in reconciler.held
     assert result.exact and result.requests == 1 and result.inserted == 1
@@ -135,7 +135,7 @@ def test_without_a_cursor_the_probe_settles_the_highest_keys():
 
 def test_the_mark_counts_the_set_before_the_read():
     source = MemorySource(APPOINTMENTS, [appointment(n) for n in range(42)])
-    reconciler = Reconciler(APPOINTMENTS, take=lambda records: None, source=source)
+    reconciler = Reconciler(APPOINTMENTS, to_batch=lambda records: None, source=source)
     reconciler.begin()
     assert reconciler.started_total == 42 and reconciler.mark.mark[0] == instant(41)
     assert COUNT not in source.sent[0].params()  # a query, not an envelope

@@ -23,7 +23,7 @@ def a_set(keys, **fields) -> MemorySource:
 
 def reconcile(source: MemorySource, held, **finish) -> tuple[Reconciler, list[dict]]:
     taken: list[dict] = []
-    reconciler = Reconciler(ENTITY, take=taken.extend, held=held, source=source)
+    reconciler = Reconciler(ENTITY, to_batch=taken.extend, held=held, source=source)
     reconciler.finish(**finish)
     return reconciler, taken
 
@@ -107,7 +107,7 @@ def test_a_difference_no_range_shows_is_reported_after_fruitless_rounds(caplog):
     it is reported, not searched for until the budget runs out."""
     records = [numbered(k) for k in range(1, 501)] + [{"id": None}]
     source = MemorySource(ENTITY, records)
-    reconciler = Reconciler(ENTITY, take=lambda records: None, source=source)
+    reconciler = Reconciler(ENTITY, to_batch=lambda records: None, source=source)
     reconciler.read(records)
     source.tables[ENTITY.name].pop()
     with caplog.at_level(logging.WARNING):
