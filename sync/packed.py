@@ -149,12 +149,13 @@ def _packed_read(
         root, root_input, root_reconciler.started_total if root_reconciler else None, riders, say
     )
 
-    parents: list[Any] = []
+    parents: list[Any] = []  # extended as the pages come: a refusal midway keeps what came
     progress.start(root.name)
     try:
         with client.stats.measure(spent[payer]):
-            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
-                parents.append(key)
+            parents.extend(
+                _parent_keys(read, riders, client, root_writer, root_reconciler, progress)
+            )
     except BadRequest as refused:
         if not any(c is DOCUMENTS for c in read.expanded) or parents:
             raise
@@ -165,8 +166,9 @@ def _packed_read(
         )
         read = read.listing_documents()
         with client.stats.measure(spent[payer]):
-            for key in _parent_keys(read, riders, client, root_writer, root_reconciler, progress):
-                parents.append(key)
+            parents.extend(
+                _parent_keys(read, riders, client, root_writer, root_reconciler, progress)
+            )
     progress.finish(root.name)
     if any(c is DOCUMENTS for c in read.expanded):
         memory.accepted(DOCUMENTS_REFUSED)
