@@ -213,18 +213,19 @@ def sync_all(args: argparse.Namespace) -> int:
     # pandas, which pyarrow imports in each run to build its first table from Python values.
     import pandas  # noqa: F401
 
-    import pipelines.runner  # noqa: F401
     from pipelines.partitions import keep_in_step
+    from pipelines.runner import sync_definitions
 
     found = configured()
-    with home.instance() as instance:
+    sync_definitions(partitioned=True)  # built once here, not in every child
+    with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    folder = private_dir(home.dagster_home() / "logs" / f"sync-all-tenants-{stamp}")
-    flags = _passed_on(args)
-    print(f"{len(found)} tenants, {min(limit, len(found))} at a time; output in {folder}")
-    runs = _run_all(list(found), flags, folder, max(1, limit))
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        folder = private_dir(home.dagster_home() / "logs" / f"sync-all-tenants-{stamp}")
+        flags = _passed_on(args)
+        print(f"{len(found)} tenants, {min(limit, len(found))} at a time; output in {folder}")
+        runs = _run_all(list(found), flags, folder, max(1, limit))
     print(_runs_table(runs))
     for run in runs:
         if run.status != EXACT:
@@ -258,7 +259,8 @@ def _run_all(
 ) -> list[TenantRun]:
     """Each tenant's `sync --tenant` in a process forked from this one, `limit` at a time.
     This process has imported Dagster and our pipelines (a fresh interpreter pays about 1.4
-    CPU s for that) and holds no thread and no open connection for a child to inherit."""
+    CPU s for that), built the definitions and opened the instance the children use
+    (`home.inherited`), and holds no thread and no open connection for a child to inherit."""
     waiting = list(found)
     running: dict[int, tuple[Tenant, Path, float]] = {}
     done: dict[str, TenantRun] = {}

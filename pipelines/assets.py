@@ -257,7 +257,11 @@ def build_load_asset(
         group_name=CLINICAL_GROUP,
         kinds={"duckdb", "table"},
         owners=OWNERS,
-        **in_pool(WAREHOUSE_POOL),
+        # A set lands as soon as its family is read, before the next family's extraction:
+        # the load's CPU falls between that family's requests, which the rate limit spaces
+        # anyway (the bucket's burst catches up the pause), instead of every load waiting for
+        # the last request. The nightly budget already weighs sets this run has loaded.
+        **in_pool(WAREHOUSE_POOL, first=True),
         tags={"strategy": entity.strategy.value},
         check_specs=checks.table_check_specs(entity),
         description=f"Current {entity.name}: merged by {entity.key}, deletes marked, history kept",

@@ -39,7 +39,9 @@ def model_key(name: str) -> AssetKey:
 PUBLISHED_KEY = AssetKey([PUBLISHED_GROUP, "warehouse"])
 
 
-def in_pool(pool: str) -> dict[str, object]:
+def in_pool(pool: str, *, first: bool = False) -> dict[str, object]:
     """A step's pool and the same name as an op tag (`POOL_TAG`): one step of the pool at a
-    time within a run, whatever limit the instance gives the pool across runs."""
-    return {"pool": pool, "op_tags": {POOL_TAG: pool}}
+    time within a run, whatever limit the instance gives the pool across runs. `first`: the
+    step runs before any other ready step of the run (Dagster's `dagster/priority`)."""
+    tags = {POOL_TAG: pool, **({"dagster/priority": "1"} if first else {})}
+    return {"pool": pool, "op_tags": tags}

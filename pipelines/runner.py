@@ -7,6 +7,7 @@ materialization events.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -216,6 +217,15 @@ class Unchecked:
 UNCHECKED = Unchecked()
 
 
+@functools.cache
+def sync_definitions(*, partitioned: bool) -> tuple[Any, ...]:
+    """The assets and checks a sync materializes, built once per process (and by `sync
+    --all-tenants` before it forks): every run of the process uses the same definitions, only
+    its resources and partition differ."""
+    assets = build_sync_assets(TENANTS if partitioned else None)
+    return (*assets, *build_reference_checks())
+
+
 def sync(
     env: Mapping[str, str],
     *,
@@ -272,7 +282,7 @@ def sync(
     )
     result = _materialize(
         job,
-        [*build_sync_assets(TENANTS if tenant else None), *build_reference_checks()],
+        sync_definitions(partitioned=tenant is not None),
         resources,
         log_level=log_level,
         instance=instance,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import AssetCheckKey, AssetKey, EnvVar
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
@@ -168,7 +169,13 @@ def test_dagster_home_gets_the_instance_yaml_and_keeps_an_operators_own(tmp_path
     from pipelines import home
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "fresh"))
-    assert (home.dagster_home() / "dagster.yaml").read_text() == home.INSTANCE_YAML.read_text()
+    written = (home.dagster_home() / "dagster.yaml").read_text()
+    ours = home.INSTANCE_YAML.read_text()
+    assert written.startswith(ours)  # the repository's file, then this home's storage
+    assert yaml.safe_load(written) == {
+        **yaml.safe_load(ours),
+        "storage": home.sqlite_storage(tmp_path / "fresh"),
+    }
     own = tmp_path / "own"
     own.mkdir()
     (own / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")

@@ -51,7 +51,9 @@ def test_without_the_url_the_instance_stays_sqlite_as_on_one_machine(tmp_path, m
     with home.instance() as instance:
         assert isinstance(instance.run_storage, SqliteRunStorage)
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
-    assert (tmp_path / "home" / "dagster.yaml").read_text() == home.INSTANCE_YAML.read_text()
+    written = (tmp_path / "home" / "dagster.yaml").read_text()
+    assert written == home.instance_settings(tmp_path / "home")
+    assert written.startswith(home.INSTANCE_YAML.read_text())  # and this home's SQLite files
 
 
 def test_processes_starting_at_once_on_a_new_database_all_get_the_instance(postgres_url, tmp_path):
@@ -138,4 +140,4 @@ def test_a_deployments_preparation_refreshes_a_chosen_homes_settings(tmp_path, m
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"Dagster instance ready in {chosen}" in done.stdout
-    assert (chosen / "dagster.yaml").read_text() == home.INSTANCE_YAML.read_text()
+    assert (chosen / "dagster.yaml").read_text() == home.instance_settings(chosen)

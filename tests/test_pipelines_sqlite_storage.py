@@ -1,0 +1,131 @@
+"""The instance's SQLite storage on one machine (pipelines/sqlite_storage.py): Dagster's files
+and layout, one SQLAlchemy engine per file. Real instances in temporary homes, real runs."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import (
+    AssetCheckResult,
+    AssetKey,
+    DagsterInstance,
+    asset,
+    asset_check,
+    materialize,
+)
+from sqlalchemy.pool import NullPool
+
+from pipelines import home, sqlite_storage
+
+pytestmark = pytest.mark.usefixtures("no_postgres")
+
+
+@pytest.fixture
+def no_postgres(monkeypatch):
+    monkeypatch.delenv("DAGSTER_POSTGRES_URL", raising=False)
+    monkeypatch.delenv("CLINICAL_TENANTS_FILE", raising=False)
+
+
+@asset
+def numbers() -> list[int]:
+    return [1, 2, 3]
+
+
+@asset_check(asset=numbers)
+def three_numbers(numbers: list[int]) -> AssetCheckResult:
+    return AssetCheckResult(passed=len(numbers) == 3)
+
+
+def materialize_twice(instance: DagsterInstance) -> list[str]:
+    runs = [materialize([numbers, three_numbers], instance=instance) for _ in range(2)]
+    assert all(run.success for run in runs)
+    return [run.run_id for run in runs]
+
+
+def test_a_home_reads_and_writes_through_one_engine_per_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    made: list[str] = []
+    original = sqlite_storage._engine
+
+    def counted(conn_string: str):
+        made.append(conn_string)
+        return original(conn_string)
+
+    monkeypatch.setattr(sqlite_storage, "_engine", counted)
+    with home.prepare_instance() as instance:
+        assert isinstance(instance.event_log_storage, sqlite_storage.SqliteEventLogStorage)
+        assert isinstance(instance.run_storage, sqlite_storage.SqliteRunStorage)
+        assert isinstance(instance.schedule_storage, sqlite_storage.SqliteScheduleStorage)
+        first, second = materialize_twice(instance)
+        # every event of both runs is kept and read back, in Dagster's own files
+        for run_id in (first, second):
+            kinds = {
+                e.dagster_event_type.value for e in instance.all_logs(run_id) if e.is_dagster_event
+            }
+            assert {"ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION", "PIPELINE_SUCCESS"} <= kinds
+            assert (tmp_path / "home" / "history" / "runs" / f"{run_id}.db").exists()
+        record = instance.get_latest_materialization_event(AssetKey("numbers"))
+        assert record is not None and record.run_id == second
+        check = instance.event_log_storage.get_asset_check_execution_history(
+            three_numbers.check_key, limit=5
+        )
+        assert [c.run_id for c in check] == [second, first]
+    # hundreds of connections, one engine per file: runs, schedules, index and each run's own
+    assert len(made) == len(set(made)) <= 5, made
+
+
+def test_history_written_by_dagsters_default_storage_is_read_as_it_was(tmp_path, monkeypatch):
+    """A home made before this storage (Dagster's default SQLite) keeps its runs."""
+    root = tmp_path / "home"
+    root.mkdir()
+    with DagsterInstance.from_config(str(root)) as before:  # no dagster.yaml: Dagster's own
+        assert not isinstance(before.event_log_storage, sqlite_storage.SqliteEventLogStorage)
+        old_runs = materialize_twice(before)
+    monkeypatch.setenv("DAGSTER_HOME", str(root))
+    with home.prepare_instance() as instance:
+        assert isinstance(instance.event_log_storage, sqlite_storage.SqliteEventLogStorage)
+        assert {r.run_id for r in instance.get_runs()} == set(old_runs)
+        assert instance.all_logs(old_runs[0])
+        new_run = materialize_twice(instance)[0]
+        record = instance.get_latest_materialization_event(AssetKey("numbers"))
+        assert record is not None and record.run_id != old_runs[1]
+    with DagsterInstance.from_config(str(root)) as again:  # and back: the same files
+        assert new_run in {r.run_id for r in again.get_runs()}
+
+
+def test_the_storage_block_is_the_homes_own_and_postgres_replaces_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    written = yaml.safe_load((home.dagster_home() / "dagster.yaml").read_text())
+    assert written["storage"]["custom"]["config"] == {"base_dir": str(tmp_path / "home")}
+    assert written["concurrency"]["pools"]["default_limit"] == 1  # the repository's file too
+    assert "storage" not in yaml.safe_load(home.INSTANCE_YAML.read_text())
+    monkeypatch.setenv("DAGSTER_POSTGRES_URL", "postgresql://u:p@db:5432/dagster")
+    on_postgres = yaml.safe_load(home.instance_settings(tmp_path / "home"))
+    assert on_postgres["storage"] == {"postgres": {"postgres_url": {"env": "DAGSTER_POSTGRES_URL"}}}
+
+
+def test_an_opened_instance_starts_no_thread_for_a_forked_child_to_inherit(tmp_path, monkeypatch):
+    """`sync --all-tenants` forks with the instance open (`home.inherited`): nothing in it
+    may run on a thread, nor hold a connection."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    before = threading.active_count()
+    with home.prepare_instance() as instance:
+        materialize_twice(instance)
+        assert threading.active_count() == before
+        engines = instance.event_log_storage._engines.values()
+        assert engines and all(isinstance(e.pool, NullPool) for e in engines)  # hold none
+        with home.inherited(instance), home.instance(prepared=True) as child_sees:
+            assert child_sees is instance
+        with home.instance(prepared=True) as opened_again:
+            assert opened_again is not instance
+
+
+def test_the_webserver_keeps_a_bounded_number_of_engines(tmp_path):
+    storage = sqlite_storage.SqliteEventLogStorage(str(Path(tmp_path) / "runs"))
+    for n in range(sqlite_storage.ENGINES_KEPT + 10):
+        with storage.run_connection(f"run-{n}") as conn:
+            assert conn is not None
+    assert len(storage._engines) == sqlite_storage.ENGINES_KEPT
