@@ -19,7 +19,7 @@ from sync.state import CommittedState
 from sync.strategy import Mode, Options, plan
 from tests.fixtures.before_issue_29.make import record
 from tests.warehouse_records import T0, contents
-from warehouse import ddl
+from warehouse import ddl, migrations, ops
 from warehouse.lake import Lake
 from warehouse.load import Warehouse
 from warehouse.normalise import normalise
@@ -231,3 +231,52 @@ def test_notes_of_a_warehouse_read_again_before_notes_were_resolved_resolve_on_u
         wh.ensure_schema()
         assert wh.con.execute(resolved).fetchall() == as_loaded
         assert {s.entity: s.rejects for s in wh.status()}["Patients"] == 0
+
+
+def _catalog(path: Path) -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(
+            """SELECT schema_name, table_name, column_name, data_type, comment
+               FROM duckdb_columns() WHERE NOT internal
+               UNION ALL
+               SELECT schema_name, table_name, NULL, NULL, comment
+               FROM duckdb_tables() WHERE NOT internal
+               ORDER BY ALL"""
+        ).fetchall()
+
+
+def test_a_new_warehouse_skips_the_upgrades_and_gets_the_same_schema(tmp_path):
+    """A new warehouse is made without the ALTERs that extend an older one's tables: the same
+    tables, columns, types and comments as running every statement, and the same fingerprint
+    recorded (the next start skips the DDL)."""
+    with Warehouse(tmp_path / "new.duckdb") as wh:
+        wh.ensure_schema()
+    with duckdb.connect(str(tmp_path / "all.duckdb")) as con:
+        for statement in ddl.statements(ALL_ENTITIES):
+            con.execute(statement)
+    assert _catalog(tmp_path / "new.duckdb") == _catalog(tmp_path / "all.duckdb")
+    assert len(_catalog(tmp_path / "new.duckdb")) > 500
+    with duckdb.connect(str(tmp_path / "new.duckdb"), read_only=True) as con:
+        assert ops.applied_schema(con) == migrations.fingerprint(ddl.statements(ALL_ENTITIES))
+    upgrades = [s for s in ddl.statements(ALL_ENTITIES) if s.startswith("ALTER TABLE")]
+    assert upgrades and not any(
+        s.startswith("ALTER TABLE") for s in ddl.statements(ALL_ENTITIES, upgrades=False)
+    )
+
+
+def test_an_older_warehouses_table_gains_its_missing_column(tmp_path):
+    path = tmp_path / "old.duckdb"
+    with Warehouse(path) as wh:
+        wh.ensure_schema()
+        wh.con.execute('ALTER TABLE clinical.patients DROP COLUMN "active"')
+        wh.con.execute("DELETE FROM ops.schema_version")  # as made by an older catalogue
+    with Warehouse(path) as wh:
+        wh.ensure_schema()
+        columns = [
+            r[0]
+            for r in wh.con.execute(
+                "SELECT column_name FROM duckdb_columns() "
+                "WHERE schema_name = 'clinical' AND table_name = 'patients'"
+            ).fetchall()
+        ]
+    assert "active" in columns

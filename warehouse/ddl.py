@@ -242,12 +242,14 @@ def _comments(kind: str, target: str, meaning: str, columns: Columns) -> Iterato
         yield f"COMMENT ON COLUMN {target}.{quote(col)} IS {literal(text)}"
 
 
-def _table(schema: str, name: str, meaning: str, columns: Columns) -> Iterator[str]:
+def _table(
+    schema: str, name: str, meaning: str, columns: Columns, *, upgrades: bool
+) -> Iterator[str]:
     target = qualified(schema, name)
     body = ",\n  ".join(f"{quote(col)} {kind}" for col, (kind, _) in columns.items())
     yield f"CREATE TABLE IF NOT EXISTS {target} (\n  {body}\n)"
     # A table made by an older catalogue gains the fields added since (adding a field is a line).
-    for col, (kind, _) in columns.items():
+    for col, (kind, _) in columns.items() if upgrades else ():
         yield f"ALTER TABLE {target} ADD COLUMN IF NOT EXISTS {quote(col)} {kind}"
     yield from _comments("TABLE", target, meaning, columns)
 
@@ -265,8 +267,10 @@ FROM {qualified(CLINICAL, entity.table)}"""
     yield from _comments("VIEW", target, meaning, columns)
 
 
-def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
-    """Every DDL statement of the warehouse, in an order DuckDB accepts."""
+def statements(entities: Iterable[EntitySet], *, upgrades: bool = True) -> Iterator[str]:
+    """Every DDL statement of the warehouse, in an order DuckDB accepts. `upgrades=False`:
+    without the ALTERs that bring a table made by an older catalogue up to date, for a new
+    warehouse (two in five statements, a third of a new warehouse's DDL time)."""
     for schema in SCHEMAS:
         yield f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}"
     for entity in entities:
@@ -276,6 +280,7 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
             entity.table,
             f"Current state of {what}, one row per {entity.key}",
             clinical_columns(entity),
+            upgrades=upgrades,
         )
         yield from _table(
             HISTORY,
@@ -283,10 +288,11 @@ def statements(entities: Iterable[EntitySet]) -> Iterator[str]:
             f"Versions of {what} that a newer version or a deletion replaced "
             f"(history.{entity.table} adds the current ones)",
             history_columns(entity),
+            upgrades=upgrades,
         )
         yield from _history_view(entity, f"Every version of {what} seen")
     for name, (meaning, columns) in OPS_TABLES.items():
-        yield from _table(OPS, name, meaning, columns)
+        yield from _table(OPS, name, meaning, columns, upgrades=upgrades)
     yield SYNC_HEALTH
     yield (
         f"COMMENT ON VIEW {qualified(ANALYTICS, SYNC_HEALTH_VIEW)} IS "

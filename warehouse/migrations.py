@@ -34,22 +34,25 @@ def fingerprint(statements: Iterable[str]) -> str:
 
 
 @functools.cache
-def _ddl(entities: tuple[EntitySet, ...]) -> tuple[tuple[str, ...], str]:
-    """The DDL of `entities` and its fingerprint, made once per process: a run's every load
-    step asks, and writing out a few hundred statements to compare costs CPU each time."""
+def _ddl(entities: tuple[EntitySet, ...]) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """The DDL of `entities`, the same without the upgrades (for a new warehouse), and its
+    fingerprint, made once per process: a run's every load step asks, and writing out
+    the statements to compare costs CPU each time."""
     statements = tuple(ddl.statements(entities))
-    return statements, fingerprint(statements)
+    return statements, tuple(ddl.statements(entities, upgrades=False)), fingerprint(statements)
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> None:
     """Create (or extend) every schema, table and comment; safe to run on every start.
 
     Skipped when the DDL's fingerprint is the one last applied: every load step calls
-    this, and re-running a few hundred statements cost half a second each time."""
+    this, and re-running the statements cost half a second each time."""
     entities = tuple(entities)
-    statements, applied = _ddl(entities)
+    statements, for_new, applied = _ddl(entities)
     if ops.applied_schema(con) == applied:
         return
+    if _is_new(con):
+        statements = for_new  # no table an older catalogue made to bring up to date
     with Transaction(con):
         history_tables_to_views(con, entities)
         retyped = retype_columns(con, entities)
@@ -61,6 +64,12 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet])
             why = f"columns of {', '.join(retyped)} retyped in place; {RETYPED_WHY}"
             read_whole_next(con, [e.name for e in entities], why)
         ops.record_schema(con, applied)
+
+
+def _is_new(con: duckdb.DuckDBPyConnection) -> bool:
+    """No table in the warehouse yet (a first sync's, or a test's)."""
+    (tables,) = con.execute("SELECT count(*) FROM duckdb_tables() WHERE NOT internal").fetchone()
+    return tables == 0
 
 
 def history_tables_to_views(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> None:
