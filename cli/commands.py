@@ -48,7 +48,10 @@ def sync(args: argparse.Namespace) -> int:
     webhook = check_configuration(os.environ, tenant)
     log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
-    with terminal_progress(), home.instance(prepared=args.instance_prepared) as instance:
+    with (
+        terminal_progress(),
+        home.instance(prepared=args.instance_prepared, runs_here=True) as instance,
+    ):
         report = run_sync(
             os.environ,
             lake_root=str(tenant.lake) if tenant else home.lake_root(),

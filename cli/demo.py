@@ -62,7 +62,7 @@ def demo(args: argparse.Namespace) -> int:
     lake, warehouse = _fresh(Path(args.dir))
     config = SandboxConfig(seed=args.seed, scale=args.scale, rate=args.rate, burst=args.burst)
     _say(f"1. starting a sandbox (scale {args.scale:g}, {args.rate:g} requests/s) ...")
-    with SandboxServer(config) as server, home.instance(warehouse) as instance:
+    with SandboxServer(config) as server, home.instance(warehouse, runs_here=True) as instance:
         env = {**server.env(), "CLINICAL_LIMITER_PATH": str(Path(args.dir) / "ratelimit.sqlite")}
         counts = server.store.counts()
         _say("   source: " + ", ".join(f"{n} {c:,}" for n, c in counts.items()))

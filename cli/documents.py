@@ -163,7 +163,7 @@ def sync(args: argparse.Namespace) -> int:
 
     log = cli_log.log_file("documents sync")
     cli_log.capture(log, verbose=args.verbose)
-    with home.instance() as instance:
+    with home.instance(runs_here=True) as instance:
         run = sync_documents(
             os.environ,
             lake_root=home.lake_root(),

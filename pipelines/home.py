@@ -233,23 +233,32 @@ def inherited(opened: DagsterInstance) -> Iterator[None]:
 
 @contextmanager
 def instance(
-    warehouse: str | Path | None = None, *, prepared: bool = False
+    warehouse: str | Path | None = None, *, prepared: bool = False, runs_here: bool = False
 ) -> Iterator[DagsterInstance]:
     """`prepare_instance`, closed at the end. `prepared`: the process that started this one
     prepared it a moment ago (`sync --all-tenants`), so it is only opened, or taken as its
     parent opened it (`inherited`): ten tenants' runs do not wait on each other for the lock
-    of a migration there is nothing to do for."""
-    if prepared:
-        from dagster import DagsterInstance
+    of a migration there is nothing to do for. `runs_here`: this process executes runs and
+    forks nothing, so on PostgreSQL it keeps its connections (`postgres.hold_connections`)."""
+    with _opened(warehouse, prepared) as opened:
+        if runs_here and postgres_url() is not None:
+            postgres.hold_connections(opened)
+        yield opened
 
-        dagster_home(warehouse)
-        if _inherited is not None:
-            yield _inherited
-            return
-        with DagsterInstance.get() as opened:
+
+@contextmanager
+def _opened(warehouse: str | Path | None, prepared: bool) -> Iterator[DagsterInstance]:
+    if not prepared:
+        with prepare_instance(warehouse) as opened:
             yield opened
         return
-    with prepare_instance(warehouse) as opened:
+    from dagster import DagsterInstance
+
+    dagster_home(warehouse)
+    if _inherited is not None:
+        yield _inherited
+        return
+    with DagsterInstance.get() as opened:
         yield opened
 
 

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from connectors.clinical_records import postgres as pg
 from connectors.clinical_records.postgres import POSTGRES_VARIABLE, PostgresRefused
 
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
 CONNECT_TIMEOUT_SECONDS = 5
+# A process that executes runs keeps its connections to the instance (`hold_connections`): a
+# pool of one per storage, a few more while threads need them, each replaced after five
+# minutes (a proxy between may drop an idle one).
+HELD_OVERFLOW = 4
+HELD_RECYCLE_SECONDS = 300
 # pg_advisory_lock key held while one process creates or migrates Dagster's tables; any fixed
 # 64-bit number no other program of this database uses.
 MIGRATION_LOCK = 0x636C696E6963616C  # "clinical"
@@ -76,3 +85,18 @@ def migration_lock(url: str) -> Iterator[None]:
         yield
     finally:
         connection.close()  # the session's advisory lock ends with it
+
+
+def hold_connections(instance: DagsterInstance) -> None:
+    """Keep this process's connections to the instance's PostgreSQL for its life.
+
+    Dagster's PostgreSQL storages open a connection for every statement (NullPool), except in
+    the webserver, which `optimize_for_webserver` gives a pool of one per storage. A tenant's
+    run made about 1,300 (each a server process forked and a login): ten tenants at once spent
+    more CPU connecting than syncing (benchmarks/tenants_parallel.py --postgres: 95 s against
+    41 s held). Only a process that executes runs and forks no child after: `sync --all-tenants`
+    forks with the instance open (pipelines/home.py, `inherited`), and a connection held then
+    would be shared by every child. Statement timeout 0: a run's query is never cut short."""
+    instance.optimize_for_webserver(
+        statement_timeout=0, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
+    )

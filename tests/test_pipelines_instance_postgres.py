@@ -141,3 +141,30 @@ def test_a_deployments_preparation_refreshes_a_chosen_homes_settings(tmp_path, m
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"Dagster instance ready in {chosen}" in done.stdout
     assert (chosen / "dagster.yaml").read_text() == home.instance_settings(chosen)
+
+
+def _sessions(url: str) -> int:
+    """Connections the server has accepted to this database so far (PostgreSQL 14+)."""
+    import psycopg2
+
+    with psycopg2.connect(url) as con, con.cursor() as cur:
+        cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+        return cur.fetchone()[0]
+
+
+def test_a_process_that_runs_keeps_its_connections(postgres_url, tmp_path, monkeypatch):
+    """Dagster opens a PostgreSQL connection per statement unless told to hold them: a run
+    materializing one asset and its check opened dozens; held, a handful (one per storage)."""
+    from dagster import materialize
+
+    from tests.test_pipelines_sqlite_storage import numbers, three_numbers
+
+    monkeypatch.setenv(POSTGRES_VARIABLE, postgres_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    opened = {}
+    for runs_here in (False, True):
+        with home.instance(runs_here=runs_here) as instance:
+            before = _sessions(postgres_url)
+            assert materialize([numbers, three_numbers], instance=instance).success
+            opened[runs_here] = _sessions(postgres_url) - before - 1  # less _sessions' own
+    assert opened[False] >= 20 and opened[True] <= 6, opened
