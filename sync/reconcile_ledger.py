@@ -7,9 +7,10 @@ counted here, as it happens, so no job keeps a copy to keep in step.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import msgspec
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.keys import entity_key
@@ -18,10 +19,15 @@ from sync.reconcile_source import Source
 Records = list[dict]
 
 
+# Sorted keys: the same fields in another order are the same version. msgspec writes the
+# bytes in a third of json.dumps's time, and a record re-read is fingerprinted up to three
+# times (the change window's comparison, its note of the version, the ledger's hand-over).
+_ENCODER = msgspec.json.Encoder(order="sorted", enc_hook=str)
+
+
 def fingerprint(record: dict) -> int:
     """One version of a record, to tell it from another (annotations aside)."""
-    fields = {k: v for k, v in record.items() if not k.startswith("@")}
-    return hash(json.dumps(fields, sort_keys=True, default=str))
+    return hash(_ENCODER.encode({k: v for k, v in record.items() if not k.startswith("@")}))
 
 
 class Ledger:

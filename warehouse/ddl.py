@@ -243,7 +243,7 @@ def _comments(kind: str, target: str, meaning: str, columns: Columns) -> Iterato
 
 
 def _table(
-    schema: str, name: str, meaning: str, columns: Columns, *, upgrades: bool
+    schema: str, name: str, meaning: str, columns: Columns, *, upgrades: bool = True
 ) -> Iterator[str]:
     target = qualified(schema, name)
     body = ",\n  ".join(f"{quote(col)} {kind}" for col, (kind, _) in columns.items())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from connectors.clinical_records.catalogue import PRESCRIPTIONS
-from sync.reconcile_ledger import Ledger
+from sync.reconcile_ledger import Ledger, fingerprint
 from tests.sync.memory_source import MemorySource
 from tests.sync.records import keys_of, numbered
 
@@ -83,3 +83,14 @@ def test_a_version_is_handed_to_the_batch_once():
     assert [r["id"] for r in taken] == [1, 2, 3]
     ledger.rewritten([numbered(2, branch_id=9)])
     assert [(r["id"], r["branch_id"]) for r in taken[3:]] == [(2, 9)]
+
+
+def test_a_version_is_its_fields_whatever_their_order_or_annotations():
+    same = {"id": "007", "amount": 12.5, "nested": {"b": 1, "a": [1, None]}}
+    reordered = {"nested": {"a": [1, None], "b": 1}, "amount": 12.5, "id": "007"}
+    annotated = {"@odata.etag": 'W/"3"', **same}
+    assert fingerprint(same) == fingerprint(reordered) == fingerprint(annotated)
+    for changed in ({**same, "amount": 12.51}, {**same, "id": "7"}, {**same, "extra": None}):
+        assert fingerprint(changed) != fingerprint(same)
+    wide = {"id": 10**30, "when": "2026-11-26T07:00:00+05:30"}  # wider than 64 bits
+    assert fingerprint(wide) != fingerprint({**wide, "id": 10**30 + 1})
