@@ -129,3 +129,21 @@ def test_the_webserver_keeps_a_bounded_number_of_engines(tmp_path):
         with storage.run_connection(f"run-{n}") as conn:
             assert conn is not None
     assert len(storage._engines) == sqlite_storage.ENGINES_KEPT
+
+
+def test_each_storages_class_data_rehydrates_to_ours_in_the_same_folder(tmp_path):
+    """What Dagster hands a process it starts (a path with a quote in it, as a home may have)."""
+    from dagster._core.storage.event_log.base import EventLogStorage
+    from dagster._core.storage.runs.base import RunStorage
+    from dagster._core.storage.schedules.base import ScheduleStorage
+
+    root = tmp_path / "clinic's home"
+    storage = sqlite_storage.SqliteStorage.from_local(str(root))
+    events = storage.event_storage_data.rehydrate(as_type=EventLogStorage)
+    runs = storage.run_storage_data.rehydrate(as_type=RunStorage)
+    schedules = storage.schedule_storage_data.rehydrate(as_type=ScheduleStorage)
+    assert isinstance(events, sqlite_storage.SqliteEventLogStorage)
+    assert isinstance(runs, sqlite_storage.SqliteRunStorage)
+    assert isinstance(schedules, sqlite_storage.SqliteScheduleStorage)
+    assert Path(events._base_dir) == root / "history" / "runs"
+    assert sorted(p.name for p in root.rglob("*.db")) == ["index.db", "runs.db", "schedules.db"]
