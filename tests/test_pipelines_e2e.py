@@ -16,6 +16,7 @@ from dagster import materialize
 
 from connectors.clinical_records.catalogue import (
     ENTITY_SETS,
+    FAMILIES,
     PAGE_SIZE,
     EntitySet,
     entity,
@@ -238,3 +239,25 @@ def test_an_extraction_of_many_files_loads_as_one(fresh_sandbox, tmp_path, monke
         if ent.cursor is not None:
             assert last.watermark == target.watermark(ent), ent.name
     assert len(written["Appointments"]) >= 2  # pages gathered in several files
+
+
+def test_each_family_loads_before_the_next_family_is_read(fresh_sandbox, tmp_path):
+    """Loads first (`dagster/priority` on the table assets): a family's tables are loaded
+    right after its extraction, before the next family's, so their CPU falls among requests
+    the rate limit spaces anyway and not all after the last request."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    target = Target(fresh_sandbox, tmp_path)
+    with DagsterInstance.ephemeral() as instance:
+        report = target.sync(instance=instance)
+        started = [
+            e.step_key
+            for e in instance.all_logs(report.run_id, of_type=DagsterEventType.STEP_START)
+        ]
+    extractions = [i for i, key in enumerate(started) if key.startswith("extract_")]
+    assert len(extractions) == len(FAMILIES), started
+    for family in FAMILIES:
+        read = started.index(f"extract_{family[0].table}")
+        next_read = min((i for i in extractions if i > read), default=len(started))
+        loads = [started.index(f"clinical__{e.table}") for e in family]
+        assert all(read < at < next_read for at in loads), (family[0].name, started)
