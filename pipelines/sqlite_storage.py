@@ -17,14 +17,12 @@ runs holds its connections (pipelines/postgres.py).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import yaml
-from dagster._config import StringSource
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
 )
@@ -38,7 +36,12 @@ from dagster._core.storage.schedules.sqlite.sqlite_schedule_storage import (
     SqliteScheduleStorage as DagsterSqliteScheduleStorage,
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._core.storage.sqlite_storage import DagsterSqliteStorage
+from dagster._core.storage.sqlite_storage import (
+    DagsterSqliteStorage,
+    _event_logs_directory,
+    _runs_directory,
+    _schedule_directory,
+)
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.pool import NullPool
@@ -136,19 +139,11 @@ class SqliteStorage(DagsterSqliteStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
         # Dagster's __init__ would open its own three storages first; ours replace them.
         self.base_dir = base_dir
-        self._run_storage = SqliteRunStorage.from_local(os.path.join(base_dir, "history", ""))
-        self._event_log_storage = SqliteEventLogStorage(
-            os.path.join(base_dir, "history", "runs", "")
-        )
-        self._schedule_storage = SqliteScheduleStorage.from_local(
-            os.path.join(base_dir, "schedules")
-        )
+        self._run_storage = SqliteRunStorage.from_local(_runs_directory(base_dir))
+        self._event_log_storage = SqliteEventLogStorage(_event_logs_directory(base_dir))
+        self._schedule_storage = SqliteScheduleStorage.from_local(_schedule_directory(base_dir))
         self._inst_data = inst_data
         super(DagsterSqliteStorage, self).__init__()
-
-    @classmethod
-    def config_type(cls) -> dict[str, object]:
-        return {"base_dir": StringSource}
 
     @classmethod
     def from_config_value(
@@ -158,12 +153,12 @@ class SqliteStorage(DagsterSqliteStorage):
 
     @property
     def event_storage_data(self) -> ConfigurableClassData:
-        return _data(SqliteEventLogStorage, os.path.join(self.base_dir, "history", "runs", ""))
+        return _data(SqliteEventLogStorage, _event_logs_directory(self.base_dir))
 
     @property
     def run_storage_data(self) -> ConfigurableClassData:
-        return _data(SqliteRunStorage, os.path.join(self.base_dir, "history", ""))
+        return _data(SqliteRunStorage, _runs_directory(self.base_dir))
 
     @property
     def schedule_storage_data(self) -> ConfigurableClassData:
-        return _data(SqliteScheduleStorage, os.path.join(self.base_dir, "schedules"))
+        return _data(SqliteScheduleStorage, _schedule_directory(self.base_dir))

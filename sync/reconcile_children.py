@@ -17,7 +17,7 @@ from connectors.clinical_records.keys import key_text
 from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Query, between
 from sync.reconcile_ledger import Ledger
-from sync.reconcile_ranges import Span, read_on, search_cost
+from sync.reconcile_ranges import Span, counted_page, read_on, search_cost
 from sync.reconcile_source import Source
 
 # A range of references: (low, high, i, j, count): its held refs[i:j], the source's count in
@@ -92,13 +92,9 @@ class ChildrenByReference:
     def _read(self, ref: str, low: Any, high: Any, found: list[dict]) -> None:
         """The records whose `ref` lies in [low, high), read by keyset pages to the count the
         first carried (`read_on`; it settles no held key): those not held join `found`."""
-        entity = self.source.entity
         self.ranges += 1
         where = between(ref, low, high)
-        query = Query(
-            entity, filter=where, orderby=[(entity.key, False)], top=PAGE_SIZE, count=True
-        )
-        first = self.source.page(query)
+        first = counted_page(self.source, where)
         span = Span(None, None, [], int(first[COUNT]), first=first["value"], where=where)
         self._gather(read_on(self.source, self.ledger, span), found)
 

@@ -31,7 +31,7 @@ from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.paging import COUNT
 from connectors.clinical_records.query import Comparison, Query
 from sync.reconcile_ledger import Ledger, fingerprint
-from sync.reconcile_ranges import Span, read_on
+from sync.reconcile_ranges import Span, counted_page, read_on
 from sync.reconcile_source import Source
 
 SENTINEL_AHEAD = timedelta(days=1)  # a cursor further ahead than this is a sentinel, no write
@@ -132,10 +132,7 @@ class ChangeMark:
         version held."""
         assert self.mark is not None and self.cursor is not None
         window = Comparison(self.cursor, "ge", self.mark[0])
-        query = Query(
-            self.entity, filter=window, orderby=[(self.key, False)], top=PAGE_SIZE, count=True
-        )
-        envelope = self.source.page(query)
+        envelope = counted_page(self.source, window)
         changed = self._reread(envelope["value"])
         held = sorted(k for k in self.window if k in self.ledger.held)
         count = int(envelope[COUNT])

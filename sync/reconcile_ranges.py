@@ -64,6 +64,14 @@ def range_filter(key: str, span: Span, *, low: Any = None, past: bool = False) -
     return all_of(span.where, between(key, low, span.high, past=past))
 
 
+def counted_page(source: Source, where: Expr | None) -> dict[str, Any]:
+    """One request: how many records `where` holds, and the lowest page of them by key (the
+    first page of a keyset read, `read_on`)."""
+    entity = source.entity
+    query = Query(entity, filter=where, orderby=[(entity.key, False)], top=PAGE_SIZE, count=True)
+    return source.page(query)
+
+
 def read_on(source: Source, ledger: Ledger, span: Span) -> list[dict]:
     """A span counted with its first page (`first`, `count`), read on by keyset pages to its
     end. The read stops at the count, not a page later, where no held key of the span lies
@@ -198,11 +206,4 @@ class KeyRanges:
 
     def _range_page(self, span: Span) -> dict[str, Any]:
         self.ranges += 1
-        query = Query(
-            self.source.entity,
-            filter=range_filter(self.key, span),
-            orderby=[(self.key, False)],
-            top=PAGE_SIZE,
-            count=True,
-        )
-        return self.source.page(query)
+        return counted_page(self.source, range_filter(self.key, span))
