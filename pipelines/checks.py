@@ -1,10 +1,11 @@
 """Data-quality checks on the clinical tables: Dagster check results over the SQL of
 `warehouse/quality.py` and `warehouse/ops.py`.
 
-The load asset runs the checks of its own table (unique keys, count against the source at
-the run's last look, rejects); referential integrity runs in one step of its own after the
-tables it reads are loaded, at WARN, since the source has dangling references. Freshness is Dagster's own policy on each
-table, which the instance's daemon evaluates (no sensor, no check step).
+The load asset runs the checks of its own table (the count against the source at the run's
+last look, reconciliation, what was set aside, staleness); each table's references are one
+check, all of them in one step of their own after the tables they read are loaded, at WARN,
+since the source has dangling references. Freshness is Dagster's own policy on each table,
+which the instance's daemon evaluates (no sensor, no check step).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, TypeVar
 
 import duckdb
 from dagster import (
-    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
@@ -41,37 +41,43 @@ from warehouse import ops, quality
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import Warehouse
 
-UNIQUE_KEYS = "unique_keys"
 MATCHES_SOURCE = "row_count_matches_source"
 REJECTS = "no_rejects"
-UNFIT = "values_fit_columns"
 RECONCILED = "reconciled_with_source"
 STALENESS = "read_whole_recently"
+REFERENCES = "references_found"
 FRESH_WITHIN = timedelta(hours=26)
 R = TypeVar("R")
 
 
 def table_check_specs(entity: EntitySet) -> list[AssetCheckSpec]:
-    """The checks a load step evaluates on its own table right after loading."""
+    """The checks a load step evaluates on its own table right after loading.
+
+    Each is a question an operator acts on differently: the table differs from the source
+    (report it), the source moved faster than reconciliation (run again, a quieter hour),
+    something was set aside (read ops.rejects), a set without updated_at went unread. Every
+    check costs a run three events and a lookup of its asset's materialization, ten tenants
+    at once pay them ten times: a key held twice is one of the count check's failures, not
+    a check of its own, and a value that did not fit is a note in ops.rejects like a
+    rejected record."""
     key = table_key(entity)
     return [
-        AssetCheckSpec(UNIQUE_KEYS, asset=key, description=f"Each {entity.key} appears once"),
         AssetCheckSpec(
             MATCHES_SOURCE,
             asset=key,
             description=(
                 "Live rows (and rows rejected this run) equal the source's @odata.count at the "
-                "run's last look at the set, after every other request to it; fails with the "
-                "records missing, extra, duplicated or known stale"
+                "run's last look at the set, after every other request to it, and no key is "
+                "held twice; fails with the records missing, extra, duplicated or known stale"
             ),
         ),
-        AssetCheckSpec(REJECTS, asset=key, description="Rows set aside in ops.rejects this run"),
         AssetCheckSpec(
-            UNFIT,
+            REJECTS,
             asset=key,
             description=(
-                "Records loaded this run with a value that did not fit its column (null "
-                "there, kept as sent in _extras), per field (WARN)"
+                "Nothing set aside in ops.rejects this run: records not loaded (kind reject) "
+                "and values that did not fit their column, null there and kept as sent in "
+                "_extras (kind unfit), per field (WARN)"
             ),
         ),
         *(
@@ -203,13 +209,16 @@ class SourceCount:
 
 
 def table_check_results(count: SourceCount, unfit: dict[str, int]) -> list[AssetCheckResult]:
-    """Unique keys, the count against the source (ERROR: it fails whenever they disagree),
-    rejects and values that did not fit their column (both WARN)."""
+    """The count against the source (ERROR: it fails whenever they disagree, a key held
+    twice included) and what was set aside (WARN)."""
     if count.source is None:
         matches = AssetCheckResult(
             check_name=MATCHES_SOURCE,
             passed=count.duplicated == 0,
-            description="no count of the source this run: compared at the next one",
+            description=(
+                "no count of the source this run: compared at the next one"
+                + (f"; {count.duplicated} keys held twice" if count.duplicated else "")
+            ),
             metadata=count.figures(),
         )
     else:
@@ -224,33 +233,29 @@ def table_check_results(count: SourceCount, unfit: dict[str, int]) -> list[Asset
             ),
             metadata=count.figures(),
         )
-    return [
-        AssetCheckResult(
-            check_name=UNIQUE_KEYS,
-            passed=count.duplicated == 0,
-            metadata={"duplicates": count.duplicated},
-        ),
-        matches,
-        AssetCheckResult(
-            check_name=REJECTS,
-            passed=count.rejected == 0,
-            severity=AssetCheckSeverity.WARN,
-            metadata={"rejected": count.rejected},
-        ),
-        unfit_result(unfit),
-    ]
+    return [matches, rejects_result(count.rejected, unfit)]
 
 
-def unfit_result(unfit: dict[str, int]) -> AssetCheckResult:
-    """Warns, naming the fields, when a value did not fit its column: the record loaded,
-    the value is null there and kept as sent in `_extras` (ops.rejects, kind unfit)."""
-    named = ", ".join(f"{name} {count}" for name, count in unfit.items())
+def rejects_result(rejected: int, unfit: dict[str, int]) -> AssetCheckResult:
+    """Warns when this run set anything aside in ops.rejects: records not loaded, and values
+    that did not fit their column (the record loaded, the value null there and kept as sent
+    in `_extras`), naming the fields."""
+    said = []
+    if rejected:
+        said.append(f"{rejected} records not loaded")
+    if unfit:
+        named = ", ".join(f"{name} {count}" for name, count in unfit.items())
+        said.append(f"{sum(unfit.values())} values kept as sent in _extras: {named}")
     return AssetCheckResult(
-        check_name=UNFIT,
-        passed=not unfit,
+        check_name=REJECTS,
+        passed=not said,
         severity=AssetCheckSeverity.WARN,
-        description=f"kept as sent in _extras: {named}" if unfit else "every value fits",
-        metadata={"kept_raw": sum(unfit.values()), **{f"field {k}": v for k, v in unfit.items()}},
+        description="; ".join(said) if said else "nothing set aside: every value fits",
+        metadata={
+            "rejected": rejected,
+            "kept_raw": sum(unfit.values()),
+            **{f"field {k}": v for k, v in unfit.items()},
+        },
     )
 
 
@@ -265,10 +270,6 @@ class Reference:
     def target(self) -> EntitySet:
         return BY_NAME[self.navigation.target]
 
-    @property
-    def name(self) -> str:
-        return f"references_{self.navigation.name.lower()}"
-
 
 def references() -> list[Reference]:
     """Every to-one navigation of the catalogue between synced entity sets."""
@@ -280,43 +281,78 @@ def references() -> list[Reference]:
     ]
 
 
+def references_by_table() -> dict[EntitySet, list[Reference]]:
+    """The to-one references of each table that has some, in the catalogue's order."""
+    found: dict[EntitySet, list[Reference]] = {}
+    for ref in references():
+        found.setdefault(ref.source, []).append(ref)
+    return found
+
+
 def reference_checks() -> AssetChecksDefinition:
-    """Every reference check, in one step after the tables it reads: one read-only opening of
-    the working copy for all of them, and one step's events instead of ten (a run's CPU goes
-    mostly to Dagster's bookkeeping per step: ten tenants at once on one machine pay it ten
-    times)."""
-    found = {AssetCheckKey(table_key(ref.source), ref.name): ref for ref in references()}
+    """One reference check per table (`references_found`, WARN: the source has dangling
+    references), all in one step after the tables they read: one read-only opening of the
+    working copy, and one step's events (a run's CPU goes mostly to Dagster's bookkeeping per
+    step and per check: ten tenants at once on one machine pay it ten times)."""
+    by_table = references_by_table()
     specs = [
         AssetCheckSpec(
-            ref.name,
-            asset=table_key(ref.source),
-            additional_deps=[table_key(ref.target)] if ref.target is not ref.source else [],
+            REFERENCES,
+            asset=table_key(source),
+            additional_deps=sorted(
+                {table_key(ref.target) for ref in refs if ref.target is not source}, key=str
+            ),
             description=(
-                f"{ref.source.name}.{ref.navigation.local} found in {ref.target.name} "
-                "(dangling references counted, WARN: the source has some)"
+                "Each reference found in the table it names, dangling ones counted per "
+                "reference (WARN: the source has some): "
+                + ", ".join(
+                    f"{ref.navigation.local} in {ref.target.name}.{ref.navigation.remote}"
+                    for ref in refs
+                )
             ),
         )
-        for ref in found.values()
+        for source, refs in by_table.items()
     ]
+    tables = {table_key(source): refs for source, refs in by_table.items()}
 
     @multi_asset_check(specs=specs, name="references", can_subset=True)
     def check(context, warehouse: WarehouseAccess) -> Iterator[AssetCheckResult]:
         working = warehouse.working(tenant_of(context))
         with Warehouse(working, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
             for key in sorted(context.selected_asset_check_keys, key=str):
-                ref = found[key]
-                total, missing = quality.dangling(
-                    wh.con, ref.source, ref.navigation.local, ref.target, ref.navigation.remote
-                )
-                yield AssetCheckResult(
-                    asset_key=key.asset_key,
-                    check_name=key.name,
-                    passed=missing == 0,
-                    severity=AssetCheckSeverity.WARN,
-                    metadata={"references": total, "dangling": missing},
-                )
+                yield references_result(wh.con, key.asset_key, tables[key.asset_key])
 
     return check
+
+
+def references_result(
+    con: duckdb.DuckDBPyConnection, key: AssetKey, refs: Sequence[Reference]
+) -> AssetCheckResult:
+    """A table's references: how many each made and how many found nothing."""
+    counted = {
+        ref.navigation.local: quality.dangling(
+            con, ref.source, ref.navigation.local, ref.target, ref.navigation.remote
+        )
+        for ref in refs
+    }
+    dangling = {local: missing for local, (_, missing) in counted.items() if missing}
+    return AssetCheckResult(
+        asset_key=key,
+        check_name=REFERENCES,
+        passed=not dangling,
+        severity=AssetCheckSeverity.WARN,
+        description=(
+            "dangling: "
+            + ", ".join(f"{local} {n} of {counted[local][0]}" for local, n in dangling.items())
+            if dangling
+            else "every reference found"
+        ),
+        metadata={
+            "references": sum(total for total, _ in counted.values()),
+            "dangling": sum(dangling.values()),
+            **{f"dangling {local}": missing for local, (_, missing) in counted.items()},
+        },
+    )
 
 
 def with_freshness(

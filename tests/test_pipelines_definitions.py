@@ -11,18 +11,20 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, EnvVar
 
-from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS
+from connectors.clinical_records.catalogue import ALL_ENTITIES, DOCUMENTS, ENTITY_SETS
 from pipelines import definitions
 from pipelines.checks import (
     FRESH_WITHIN,
     MATCHES_SOURCE,
+    RECONCILED,
+    REFERENCES,
     REJECTS,
-    UNFIT,
-    UNIQUE_KEYS,
-    references,
+    STALENESS,
+    references_by_table,
 )
 from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
+from sync.budget import needs_whole
 
 ROOT = Path(__file__).resolve().parents[1]
 defs = definitions.defs
@@ -106,18 +108,28 @@ def test_jobs_schedule_and_sensor_exist():
 
 
 def test_checks_exist_for_every_table():
-    checks = set(defs.resolve_asset_graph().asset_check_keys)
+    graph = defs.resolve_asset_graph()
+    checks = set(graph.asset_check_keys)
     for entity in ENTITY_SETS:
-        for name in (UNIQUE_KEYS, MATCHES_SOURCE, REJECTS, UNFIT):
+        for name in (MATCHES_SOURCE, REJECTS, RECONCILED):
             assert AssetCheckKey(table_key(entity), name) in checks
-    refs = {(r.source.name, r.target.name) for r in references()}
+        assert (AssetCheckKey(table_key(entity), STALENESS) in checks) == needs_whole(entity)
+    by_table = references_by_table()
+    targets = {(s.name, r.target.name) for s, refs in by_table.items() for r in refs}
     assert {
         ("Claims", "Prescriptions"),
         ("InsuranceVerifications", "Prescriptions"),
         ("Prescriptions", "Patients"),
-    } <= refs
-    for ref in references():
-        assert AssetCheckKey(table_key(ref.source), ref.name) in checks
+    } <= targets
+    for source, refs in by_table.items():  # one check per table, after every table it reads
+        key = AssetCheckKey(table_key(source), REFERENCES)
+        assert key in checks
+        deps = graph.get(key).parent_entity_keys
+        assert {table_key(r.target) for r in refs} <= deps | {table_key(source)}
+    # Three events and a materialization lookup each, per run and tenant: kept to the questions
+    # an operator acts on (the count, reconciliation, what was set aside, staleness, references).
+    tables = ALL_ENTITIES  # the documents' table too
+    assert len(checks) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table)
 
 
 def test_every_table_has_a_freshness_policy():

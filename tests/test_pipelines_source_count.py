@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import CLAIMS, PATIENTS
-from pipelines.checks import MATCHES_SOURCE, SourceCount, table_check_results
+from pipelines.checks import MATCHES_SOURCE, SourceCount, rejects_result, table_check_results
 from tests.test_pipelines_e2e import Target
 from warehouse.ident import qualified, quote
 
@@ -76,3 +76,25 @@ def test_one_record_too_many_held_twice_or_stale_fails(warehouse):
     assert not check.passed and (count.missing, count.duplicated) == (0, 1)
     check, _ = count_check(con, CLAIMS, run_id, None)  # not counted this run: only duplicates
     assert not check.passed
+    assert "1 keys held twice" in check.description
+
+
+@pytest.mark.parametrize(
+    ("rejected", "unfit", "said"),
+    [
+        (0, {}, "nothing set aside: every value fits"),
+        (2, {}, "2 records not loaded"),
+        (0, {"dob": 3}, "3 values kept as sent in _extras: dob 3"),
+        (1, {"dob": 1, "code": 2}, "1 records not loaded; 3 values kept as sent in _extras: dob 1"),
+    ],
+)
+def test_what_was_set_aside_warns_with_both_kinds_named(rejected, unfit, said):
+    check = rejects_result(rejected, unfit)
+    assert check.passed == (not rejected and not unfit)
+    assert check.severity.value == "WARN" and check.description.startswith(said)
+    figures = {name: value.value for name, value in check.metadata.items()}
+    assert figures == {
+        "rejected": rejected,
+        "kept_raw": sum(unfit.values()),
+        **{f"field {name}": n for name, n in unfit.items()},
+    }

@@ -66,11 +66,14 @@ def test_any_failed_error_check_makes_a_run_not_exact(passed, severity, ending):
 
 def test_a_set_not_exact_carries_its_figures_into_the_message():
     @asset(
-        key=table_key(CLAIMS), check_specs=[AssetCheckSpec("unique_keys", asset=table_key(CLAIMS))]
+        key=table_key(CLAIMS),
+        check_specs=[AssetCheckSpec("row_count_matches_source", asset=table_key(CLAIMS))],
     )
     def claims():
         yield MaterializeResult(metadata={"live_rows": 1500, "unreconciled": 7})
-        yield AssetCheckResult(check_name="unique_keys", passed=False, metadata={"duplicates": 2})
+        yield AssetCheckResult(
+            check_name="row_count_matches_source", passed=False, metadata={"duplicated": 2}
+        )
 
     with run_of(claims) as (result, _):
         found = verdict(result.run_id, "nightly_sync", result.success, result.all_events)
@@ -80,12 +83,13 @@ def test_a_set_not_exact_carries_its_figures_into_the_message():
     body = message(found, "data/warehouse.duckdb", tenant="north-clinic")
     assert "tenant north-clinic, warehouse data/warehouse.duckdb" in body["text"]
     assert (
-        "- Claims: 1,500 rows, may differ from the source by 7; failed: unique_keys" in body["text"]
+        "- Claims: 1,500 rows, may differ from the source by 7; failed: row_count_matches_source"
+        in body["text"]
     )
     fields = body["clinical_sync"]
     assert fields["tenant"] == "north-clinic" and fields["ending"] == "not_exact"
     assert fields["not_exact"][0]["failed_checks"] == [
-        {"name": "unique_keys", "figures": {"duplicates": 2}}
+        {"name": "row_count_matches_source", "figures": {"duplicated": 2}}
     ]
 
 

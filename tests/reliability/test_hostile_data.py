@@ -96,7 +96,7 @@ def test_hostile_records_are_rejected_or_kept_and_good_rows_land(tmp_path, ledge
                 f'SELECT "{name}", "_extras" FROM "clinical"."claims" WHERE "id" = ?', [key]
             )
             assert value is None and json.loads(extras) == change
-        check = {c.name: c for c in report.checks if c.table == "claims"}["values_fit_columns"]
+        check = {c.name: c for c in report.checks if c.table == "claims"}["no_rejects"]
         assert not check.passed and check.severity == "WARN"
         assert check.metadata["kept_raw"] == len(KEPT_RAW)
         assert check.metadata["field date_of_service"] == 2
