@@ -67,6 +67,7 @@ def sync(args: argparse.Namespace) -> int:
             log_level="WARNING" if args.verbose else "CRITICAL",
             tags={"clinical-sync/command": "sync"},
             webhook=webhook,
+            read_rotation=args.read_rotation,
         )
         cli_log.write_run(instance, report.run_id, log, succeeded=report.success)
     if not report.success:

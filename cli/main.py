@@ -211,6 +211,7 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         help="every tenant, each in its own process; exits with the worst tenant's status",
     )
     p.add_argument("--instance-prepared", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--read-rotation", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument(
         "--parallel",
         type=_positive,

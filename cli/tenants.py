@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.exit_codes import CONFIG, EXACT, FAILED, NOT_EXACT
+from connectors.clinical_records.catalogue import FAMILIES
 from connectors.clinical_records.errors import ClinicalApiError, ConfigError
 from pipelines import home, tenants
 from pipelines.tenants import TENANTS_VARIABLE, Secret, Tenant, Tenants, TenantsFileError
@@ -217,7 +218,8 @@ def sync_all(args: argparse.Namespace) -> int:
     from pipelines.runner import sync_definitions
 
     found = configured()
-    sync_definitions(partitioned=True)  # built once here, not in every child
+    for rotation in range(min(len(found), len(FAMILIES))):  # built here, not in every child
+        sync_definitions(partitioned=True, read_rotation=rotation)
     with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)
@@ -257,11 +259,13 @@ def _passed_on(args: argparse.Namespace) -> list[str]:
 def _run_all(
     found: Sequence[Tenant], flags: Sequence[str], folder: Path, limit: int
 ) -> list[TenantRun]:
-    """Each tenant's `sync --tenant` in a process forked from this one, `limit` at a time.
+    """Each tenant's `sync --tenant` in a process forked from this one, `limit` at a time,
+    its reads starting at the family of its place in the file (`assets.read_order`).
     This process has imported Dagster and our pipelines (a fresh interpreter pays about 1.4
     CPU s for that), built the definitions and opened the instance the children use
     (`home.inherited`), and holds no thread and no open connection for a child to inherit."""
     waiting = list(found)
+    rotation = {t.name: place for place, t in enumerate(found)}  # `assets.read_order`
     running: dict[int, tuple[Tenant, Path, float]] = {}
     done: dict[str, TenantRun] = {}
     sys.stdout.flush()  # or each child would print what this process has not yet
@@ -269,7 +273,8 @@ def _run_all(
         while waiting and len(running) < limit:
             tenant = waiting.pop(0)
             output = folder / f"{tenant.name}.out"
-            running[_fork_sync(tenant, flags, output)] = (tenant, output, time.monotonic())
+            mine = [*flags, "--read-rotation", str(rotation[tenant.name] % len(FAMILIES))]
+            running[_fork_sync(tenant, mine, output)] = (tenant, output, time.monotonic())
         pid, status = os.wait()
         if pid not in running:
             continue

@@ -17,6 +17,8 @@ WAREHOUSE_POOL = "warehouse"
 # The op tag that repeats a step's pool, for the executor's limit within one run (definitions.py):
 # the pool's own limit, in the instance's settings, holds across runs (dagster.yaml).
 POOL_TAG = "clinical-sync/pool"
+PRIORITY_TAG = "dagster/priority"
+LOADS_FIRST = 1  # a set's load runs before the next family's extraction (assets.py)
 # Job names: the UI's job pages list a run of `clinical-sync` under the job it stands for.
 NIGHTLY_JOB = "nightly_sync"
 FULL_JOB = "full_resync"
@@ -39,9 +41,10 @@ def model_key(name: str) -> AssetKey:
 PUBLISHED_KEY = AssetKey([PUBLISHED_GROUP, "warehouse"])
 
 
-def in_pool(pool: str, *, first: bool = False) -> dict[str, object]:
+def in_pool(pool: str, *, priority: int = 0) -> dict[str, object]:
     """A step's pool and the same name as an op tag (`POOL_TAG`): one step of the pool at a
-    time within a run, whatever limit the instance gives the pool across runs. `first`: the
-    step runs before any other ready step of the run (Dagster's `dagster/priority`)."""
-    tags = {POOL_TAG: pool, **({"dagster/priority": "1"} if first else {})}
+    time within a run, whatever limit the instance gives the pool across runs. `priority`:
+    among the run's ready steps, the higher runs first (Dagster's `dagster/priority`, 0 when
+    absent; ties in step key order)."""
+    tags = {POOL_TAG: pool, **({PRIORITY_TAG: str(priority)} if priority else {})}
     return {"pool": pool, "op_tags": tags}

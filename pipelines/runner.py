@@ -218,11 +218,12 @@ UNCHECKED = Unchecked()
 
 
 @functools.cache
-def sync_definitions(*, partitioned: bool) -> tuple[Any, ...]:
+def sync_definitions(*, partitioned: bool, read_rotation: int = 0) -> tuple[Any, ...]:
     """The assets and checks a sync materializes, built once per process (and by `sync
     --all-tenants` before it forks): every run of the process uses the same definitions, only
-    its resources and partition differ."""
-    assets = build_sync_assets(TENANTS if partitioned else None)
+    its resources and partition differ. `read_rotation`: the family the reads start at
+    (`assets.read_order`)."""
+    assets = build_sync_assets(TENANTS if partitioned else None, read_rotation=read_rotation)
     return (*assets, *build_reference_checks())
 
 
@@ -241,12 +242,15 @@ def sync(
     log_level: str = "INFO",
     tenant: Tenant | None = None,
     webhook: Webhook | Unchecked | None = UNCHECKED,
+    read_rotation: int = 0,
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did.
     With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
     A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
     (`pipelines/alerts.py`: this process concludes the runs it executes). `webhook`: what
-    `check_configuration` answered, when the caller checked the configuration first."""
+    `check_configuration` answered, when the caller checked the configuration first.
+    `read_rotation`: the family its reads start at (`sync --all-tenants`: each tenant its
+    place in the file)."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
@@ -282,7 +286,7 @@ def sync(
     )
     result = _materialize(
         job,
-        sync_definitions(partitioned=tenant is not None),
+        sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
         resources,
         log_level=log_level,
         instance=instance,

@@ -133,6 +133,9 @@ def each_own_output_and_request_lines_in_its_log_file(home: Path) -> None:
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in outputs.values())
     a_run = outputs["clinic-a"].read_text().splitlines()[-1].split()[1].rstrip(":")
     assert "invalid_client" in outputs["clinic-b"].read_text()
+    # out of step: clinic-b, second in the file, starts its reads one family on (its first
+    # request, the token's, failed there)
+    assert "failed in extract_branches" in outputs["clinic-b"].read_text()
     assert a_run not in outputs["clinic-b"].read_text() + outputs["clinic-c"].read_text()
     (log,) = (home / "logs").glob("sync-clinic-a-*.log")
     text = log.read_text()
