@@ -1,23 +1,32 @@
-"""Dagster's SQLite instance storage, one SQLAlchemy engine per database file.
+"""Dagster's SQLite instance storage, one SQLAlchemy engine per database file, each keeping
+a connection open between uses.
 
 Dagster's SQLite storages (1.13) build a new SQLAlchemy engine for every connection they open
 (the event log's `_connect` and `has_table`, the run and schedule storages' `connect`): one
-tenant's run opens about 2,450, and each new engine starts with an empty cache of compiled
-statements, so every statement is compiled again. With one engine per file the tenant alone
-took 8.0 CPU s against 9.3 (three runs each, the command's imports included), and ten tenants
-on one machine wait for exactly that CPU (benchmarks/tenants_parallel.py).
+tenant's run opens about 2,000, and each new engine starts with an empty cache of compiled
+statements, so every statement is compiled again. And each connection is a new SQLite
+connection (NullPool): opening a file Dagster keeps in WAL mode maps its shared memory, and
+closing the last connection checkpoints the log. One insert and commit cost 670 us of CPU
+that way against 200 us on a kept connection (a SQLAlchemy loop over a WAL file). Ten tenants
+on one machine wait for exactly that CPU (benchmarks/tenants_parallel.py): with one engine
+per file the tenant alone took 8.0 CPU s against 9.3; keeping a connection, ten tenants at
+once took 37.1/36.4 CPU s against 49.6/44.9 (/tmp/tl10.py, alternated, same sitting).
 
-These subclasses keep one engine per file and change nothing else: the same NullPool (a fresh
-SQLite connection for every use, closed after it, exactly as Dagster opens them, so processes
-and forked children never share a connection), the same busy timeout, the same files, and
-Dagster's own schema creation and migrations. A home's `dagster.yaml` (pipelines/home.py)
-selects `SqliteStorage`; on PostgreSQL Dagster keeps one engine already, and a process that
-runs holds its connections (pipelines/postgres.py).
+These subclasses change nothing else: the same busy timeout, the same files, Dagster's own
+schema creation and migrations. A kept connection holds no lock between uses (SQLite locks
+for a transaction only); more than one at a time (the webserver's threads) are opened as
+needed and closed after. A process never uses a connection another made: a forked child
+forgets its parent's (`_forget_connections`), as `sync --all-tenants` forks with the instance
+open. A home's `dagster.yaml` (pipelines/home.py) selects `SqliteStorage`; on PostgreSQL
+Dagster keeps one engine already, and a process that runs holds its connections
+(pipelines/postgres.py).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,17 +53,38 @@ from dagster._core.storage.sqlite_storage import (
 )
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 
 # Engines kept per process: a run's own file, the index and a few others; the webserver, which
 # reads many runs' files, keeps the most recently used.
 ENGINES_KEPT = 32
 
 
+# Every engine this process made, for a forked child to forget their connections.
+_MADE: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
 def _engine(conn_string: str) -> Engine:
-    return create_engine(
-        conn_string, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS}
+    """One connection kept; any more at once opened as needed and closed after use."""
+    engine = create_engine(
+        conn_string,
+        poolclass=QueuePool,
+        pool_size=1,
+        max_overflow=-1,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
     )
+    _MADE.add(engine)
+    return engine
+
+
+def _forget_connections() -> None:
+    """In a forked child: new, empty pools; the parent's connections are left to the parent
+    (not closed here: that would act on the parent's)."""
+    for engine in list(_MADE):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_connections)
 
 
 class SqliteEventLogStorage(DagsterSqliteEventLogStorage):
@@ -72,8 +102,8 @@ class SqliteEventLogStorage(DagsterSqliteEventLogStorage):
         return cls(inst_data=inst_data, **config_value)
 
     def _engine_for(self, shard: str) -> Engine:
-        """The shard's engine, made on first use; the least recently used one dropped past
-        ENGINES_KEPT (NullPool: it holds no connection)."""
+        """The shard's engine, made on first use; the least recently used one closed past
+        ENGINES_KEPT."""
         conn_string = self.conn_string_for_shard(shard)
         with self._engines_lock:
             engine = self._engines.pop(conn_string, None) or _engine(conn_string)
@@ -97,6 +127,19 @@ class SqliteEventLogStorage(DagsterSqliteEventLogStorage):
         with engine.connect() as conn:
             return bool(engine.dialect.has_table(conn, table_name))
 
+    def _close_engines(self) -> None:
+        with self._engines_lock:
+            while self._engines:
+                self._engines.popitem()[1].dispose()
+
+    def wipe(self) -> None:
+        self._close_engines()  # no connection left on a file about to be deleted
+        super().wipe()
+
+    def dispose(self) -> None:
+        super().dispose()
+        self._close_engines()
+
 
 class OneEngine:
     """For a storage in one file (`_conn_string`): its engine, made on first use."""
@@ -110,6 +153,11 @@ class OneEngine:
             self._kept = _engine(self._conn_string)
         with self._kept.connect() as conn, conn.begin():
             yield conn
+
+    def dispose(self) -> None:
+        super().dispose()  # type: ignore[misc]
+        if self._kept is not None:
+            self._kept.dispose()
 
     @classmethod
     def from_config_value(

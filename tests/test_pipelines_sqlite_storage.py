@@ -1,8 +1,11 @@
 """The instance's SQLite storage on one machine (pipelines/sqlite_storage.py): Dagster's files
-and layout, one SQLAlchemy engine per file. Real instances in temporary homes, real runs."""
+and layout, one SQLAlchemy engine per file keeping a connection. Real instances in temporary
+homes, real runs, a real fork."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from dagster import (
     asset_check,
     materialize,
 )
-from sqlalchemy.pool import NullPool
+from sqlalchemy import event
 
 from pipelines import home, sqlite_storage
 
@@ -48,11 +51,14 @@ def materialize_twice(instance: DagsterInstance) -> list[str]:
 def test_a_home_reads_and_writes_through_one_engine_per_file(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     made: list[str] = []
+    opened: list[str] = []
     original = sqlite_storage._engine
 
     def counted(conn_string: str):
         made.append(conn_string)
-        return original(conn_string)
+        engine = original(conn_string)
+        event.listen(engine, "connect", lambda *_: opened.append(conn_string))
+        return engine
 
     monkeypatch.setattr(sqlite_storage, "_engine", counted)
     with home.prepare_instance() as instance:
@@ -73,8 +79,10 @@ def test_a_home_reads_and_writes_through_one_engine_per_file(tmp_path, monkeypat
             three_numbers.check_key, limit=5
         )
         assert [c.run_id for c in check] == [second, first]
-    # hundreds of connections, one engine per file: runs, schedules, index and each run's own
+    # hundreds of uses, one engine per file: runs, schedules, index and each run's own
     assert len(made) == len(set(made)) <= 5, made
+    # and a connection kept by each (Dagster opens a new one per use: hundreds here)
+    assert len(opened) <= 3 * len(made), opened
 
 
 def test_history_written_by_dagsters_default_storage_is_read_as_it_was(tmp_path, monkeypatch):
@@ -109,18 +117,56 @@ def test_the_storage_block_is_the_homes_own_and_postgres_replaces_it(tmp_path, m
 
 def test_an_opened_instance_starts_no_thread_for_a_forked_child_to_inherit(tmp_path, monkeypatch):
     """`sync --all-tenants` forks with the instance open (`home.inherited`): nothing in it
-    may run on a thread, nor hold a connection."""
+    may run on a thread."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     before = threading.active_count()
     with home.prepare_instance() as instance:
         materialize_twice(instance)
         assert threading.active_count() == before
-        engines = instance.event_log_storage._engines.values()
-        assert engines and all(isinstance(e.pool, NullPool) for e in engines)  # hold none
         with home.inherited(instance), home.instance(prepared=True) as child_sees:
             assert child_sees is instance
         with home.instance(prepared=True) as opened_again:
             assert opened_again is not instance
+
+
+def test_a_forked_child_never_uses_a_connection_its_parent_opened(tmp_path, monkeypatch):
+    """The child starts with empty pools and runs on its own connections; the parent's stay
+    the parent's and still work after the child has written the same files and ended."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    seen: dict[int, int] = {}  # connection id -> the process that opened it
+    original = sqlite3.dbapi2.connect  # what SQLAlchemy's pysqlite dialect calls
+
+    def recorded(*args, **kwargs):
+        conn = original(*args, **kwargs)
+        seen[id(conn)] = os.getpid()
+        return conn
+
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", recorded)
+    with home.prepare_instance() as instance:
+        materialize_twice(instance)  # the parent's connections, kept in the pools
+        engines = list(instance.event_log_storage._engines.values())
+        assert engines and all(e.pool.checkedin() for e in engines)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it found, run, and leave without cleanup
+            ok = "0"
+            try:
+                empty = all(e.pool.checkedin() == 0 for e in engines)
+                used: list[int] = []
+                for e in engines:
+                    event.listen(e, "checkout", lambda dbapi, *_: used.append(id(dbapi)))
+                runs = materialize_twice(instance)
+                mine = bool(used) and all(seen.get(c) == os.getpid() for c in used)
+                ok = f"{int(empty)}{int(mine)}{len(runs)}"
+            finally:
+                os.write(write, ok.encode())
+                os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        # its pools were empty, every connection it used its own, both runs done
+        assert os.read(read, 8) == b"112" and os.waitstatus_to_exitcode(status) == 0
+        assert len(instance.get_runs()) == 4  # the parent reads the child's runs
+        materialize_twice(instance)  # and writes on its own connections still
 
 
 def test_the_webserver_keeps_a_bounded_number_of_engines(tmp_path):
