@@ -221,8 +221,8 @@ def inherited(opened: DagsterInstance) -> Iterator[None]:
     """While this process forks children that run on `opened`, each child uses it as it is
     (storage checked, schema revisions read, engines made) instead of opening the home
     again (ten tenants starting at once each spent that CPU). Safe to inherit: opening the
-    instance starts no thread; on SQLite a forked child forgets the connections its parent
-    kept (pipelines/sqlite_storage.py), and on PostgreSQL this process holds none (NullPool:
+    instance starts no thread; on SQLite a process closes the connections it keeps before it
+    forks (pipelines/sqlite_storage.py), and on PostgreSQL this process holds none (NullPool:
     only a process that runs and never forks holds them, `postgres.hold_connections`)."""
     global _inherited
     _inherited = opened

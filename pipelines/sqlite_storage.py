@@ -15,11 +15,11 @@ once took 37.1/36.4 CPU s against 49.6/44.9 (/tmp/tl10.py, alternated, same sitt
 These subclasses change nothing else: the same busy timeout, the same files, Dagster's own
 schema creation and migrations. A kept connection holds no lock between uses (SQLite locks
 for a transaction only); more than one at a time (the webserver's threads) are opened as
-needed and closed after. A process never uses a connection another made: a forked child
-forgets its parent's (`_forget_connections`), as `sync --all-tenants` forks with the instance
-open. A home's `dagster.yaml` (pipelines/home.py) selects `SqliteStorage`; on PostgreSQL
-Dagster keeps one engine already, and a process that runs holds its connections
-(pipelines/postgres.py).
+needed and closed after. No connection is ever open in two processes (`sync --all-tenants`
+forks with the instance open): a process about to fork closes the ones it keeps, and the child
+forgets any its parent had in use. A home's `dagster.yaml` (pipelines/home.py) selects
+`SqliteStorage`; on PostgreSQL Dagster keeps one engine already, and a process that runs
+holds its connections (pipelines/postgres.py).
 """
 
 from __future__ import annotations
@@ -77,14 +77,21 @@ def _engine(conn_string: str) -> Engine:
     return engine
 
 
+def _close_kept_connections() -> None:
+    """Before a fork: the connections kept between uses are closed, so that none is open in
+    both processes (SQLite's advice: never carry an open connection across a fork)."""
+    for engine in list(_MADE):
+        engine.dispose()
+
+
 def _forget_connections() -> None:
-    """In a forked child: new, empty pools; the parent's connections are left to the parent
-    (not closed here: that would act on the parent's)."""
+    """In a forked child: new, empty pools; a connection the parent had in use at the fork is
+    left to the parent (not closed here: that would act on the parent's)."""
     for engine in list(_MADE):
         engine.dispose(close=False)
 
 
-os.register_at_fork(after_in_child=_forget_connections)
+os.register_at_fork(before=_close_kept_connections, after_in_child=_forget_connections)
 
 
 class SqliteEventLogStorage(DagsterSqliteEventLogStorage):

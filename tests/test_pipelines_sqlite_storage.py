@@ -130,8 +130,9 @@ def test_an_opened_instance_starts_no_thread_for_a_forked_child_to_inherit(tmp_p
 
 
 def test_a_forked_child_never_uses_a_connection_its_parent_opened(tmp_path, monkeypatch):
-    """The child starts with empty pools and runs on its own connections; the parent's stay
-    the parent's and still work after the child has written the same files and ended."""
+    """The parent closes the connections it keeps before it forks; the child starts with
+    empty pools and runs on its own connections; the parent opens its own again and works
+    after the child has written the same files and ended."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     seen: dict[int, int] = {}  # connection id -> the process that opened it
     original = sqlite3.dbapi2.connect  # what SQLAlchemy's pysqlite dialect calls
@@ -162,6 +163,7 @@ def test_a_forked_child_never_uses_a_connection_its_parent_opened(tmp_path, monk
                 os.write(write, ok.encode())
                 os._exit(0)
         os.close(write)
+        assert all(e.pool.checkedin() == 0 for e in engines)  # closed before the fork
         _, status = os.waitpid(pid, 0)
         # its pools were empty, every connection it used its own, both runs done
         assert os.read(read, 8) == b"112" and os.waitstatus_to_exitcode(status) == 0
