@@ -12,19 +12,23 @@ too, which serves the ten on the same cores), each tenant's
 rate as its service measured it (every window within rate * window + burst; its mean over its
 active span), where a run's time goes (start-up before its first request, requests, the loads
 and publication after its last), CPU seconds and peak memory per concurrent run, and from
-those how many tenants one 2-core worker serves in a night.
+those how many tenants one 2-core worker serves in a night. With `--timeline`, also each
+tenant's steps (start after the launch + seconds, from its run's events) and how busy the
+machine's cores were each second: where tenants move in step and the cores idle together.
 
 Run (the machine is shared: under nice, and say so):
     nice -n 10 .venv/bin/python benchmarks/tenants_parallel.py [--tenants 10] [--scale 1]
-        [--rate 5] [--burst 10] [--night-hours 8] [--postgres]
+        [--rate 5] [--burst 10] [--night-hours 8] [--postgres] [--timeline] [--no-record]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -38,6 +42,7 @@ from benchmarks.measure import MIB, child_env, console_script, failure, run_meas
 from connectors.clinical_records.postgres import POSTGRES_VARIABLE
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
+from pipelines.partitions import PARTITION_TAG
 from tests.postgres import postgres_server
 
 WINDOWS = (1.0, 2.0, 5.0, 10.0)
@@ -91,6 +96,12 @@ def main() -> None:
         action="store_true",
         help="the instance (and the rate limit) in a throwaway PostgreSQL, as deployed",
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each tenant's steps and the cores' busy share per second (not recorded)",
+    )
+    parser.add_argument("--no-record", action="store_true", help="do not write results.json")
     args = parser.parse_args()
     cli = console_script("clinical-sync")
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
@@ -106,7 +117,11 @@ def main() -> None:
             urls = [server.database(), server.database()] if server else [None, None]
             control = SandboxControl.from_env(env)
             served = cpu_seconds(sandbox_proc)
-            launched = time.monotonic()
+            busy: list[float] = []
+            sampling = threading.Event()
+            if args.timeline:
+                threading.Thread(target=sample_busy, args=(sampling, busy), daemon=True).start()
+            launched, launched_at = time.monotonic(), time.time()
             run = run_measured(
                 [cli, "sync", "--all-tenants", "--parallel", str(args.tenants)],
                 tenant_env(together, urls[0]),
@@ -115,6 +130,9 @@ def main() -> None:
             if run.returncode != 0:
                 raise failure("sync --all-tenants", run)
             ended = time.monotonic()
+            sampling.set()
+            if args.timeline:
+                print_timeline(together.with_suffix(".dagster"), urls[0], launched_at, busy)
             sandbox_all = cpu_seconds(sandbox_proc) - served
             seen = {n: c["requests"] for n, c in control.call("customers").items()}
             throttled = {n: c["throttled"] for n, c in control.call("customers").items()}
@@ -198,7 +216,41 @@ def main() -> None:
     }
     for name, value in figures.items():
         print(f"{name:32} {value}")
-    record("tenants_parallel_postgres" if args.postgres else "tenants_parallel", figures)
+    if not args.no_record:
+        record("tenants_parallel_postgres" if args.postgres else "tenants_parallel", figures)
+
+
+def sample_busy(done: threading.Event, busy: list[float]) -> None:
+    """The share of the machine's cores busy in each second until `done`."""
+    psutil.cpu_percent(interval=None)
+    while not done.wait(1.0):
+        busy.append(psutil.cpu_percent(interval=None))
+
+
+def print_timeline(
+    home: Path, postgres_url: str | None, launched: float, busy: list[float]
+) -> None:
+    """Each tenant's steps as its run's events have them: start after the launch + seconds."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    if postgres_url is not None:  # the home's dagster.yaml names the variable
+        os.environ[POSTGRES_VARIABLE] = postgres_url
+    kinds = {DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
+    kinds.add(DagsterEventType.STEP_FAILURE)
+    print("timeline: per tenant, each step's start (s after the launch) + its seconds")
+    with DagsterInstance.from_config(str(home)) as instance:
+        for found in sorted(instance.get_runs(), key=lambda r: r.tags.get(PARTITION_TAG, "")):
+            started: dict[str, float] = {}
+            steps = []
+            for entry in instance.all_logs(found.run_id, of_type=kinds):
+                at = entry.timestamp - launched
+                if entry.dagster_event_type is DagsterEventType.STEP_START:
+                    started[entry.step_key] = at
+                else:
+                    begun = started.get(entry.step_key, at)
+                    steps.append(f"{entry.step_key} {begun:.1f}+{at - begun:.1f}")
+            print(f"  {found.tags.get(PARTITION_TAG, found.run_id)}: " + ", ".join(steps))
+    print("cores busy, % each second: " + " ".join(f"{b:.0f}" for b in busy))
 
 
 def cpu_seconds(process: psutil.Process) -> float:

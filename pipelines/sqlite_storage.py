@@ -10,7 +10,8 @@ closing the last connection checkpoints the log. One insert and commit cost 670 
 that way against 200 us on a kept connection (a SQLAlchemy loop over a WAL file). Ten tenants
 on one machine wait for exactly that CPU (benchmarks/tenants_parallel.py): with one engine
 per file the tenant alone took 8.0 CPU s against 9.3; keeping a connection, ten tenants at
-once took 37.1/36.4 CPU s against 49.6/44.9 (/tmp/tl10.py, alternated, same sitting).
+once took 37.1/36.4 CPU s against 49.6/44.9 (the benchmark's ten, alternated, one sitting;
+docs/SIZING.md).
 
 These subclasses change nothing else: the same busy timeout, the same files, Dagster's own
 schema creation and migrations. A kept connection holds no lock between uses (SQLite locks
@@ -60,7 +61,7 @@ from sqlalchemy.pool import QueuePool
 ENGINES_KEPT = 32
 
 
-# Every engine this process made, for a forked child to forget their connections.
+# Every engine this process made: their connections closed before a fork, forgotten after it.
 _MADE: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 

@@ -153,6 +153,31 @@ def test_expansion_cost_prints_every_run_side_by_side(tmp_path: Path) -> None:
     assert verdicts and set(verdicts) <= {"PASS", "FAIL"}
 
 
+@pytest.mark.integration
+def test_tenants_parallel_measures_and_shows_each_tenants_steps(tmp_path: Path) -> None:
+    """benchmarks/tenants_parallel.py end to end at a tiny size: both tenants side by side
+    within their limits, the ratio against the slowest alone, and with --timeline each
+    tenant's steps, its reads starting at another family (`sync --all-tenants`' rotation)."""
+    script = DLT_SOURCE.parent / "tenants_parallel.py"
+    cmd = [sys.executable, str(script), "--tenants", "2", "--scale", "0.02", "--rate", "50"]
+    cmd += ["--timeline", "--no-record"]
+    run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = dict(line.split(maxsplit=1) for line in run.stdout.splitlines() if "  " in line)
+    assert figures["tenants_requesting_at_once_max"].strip() == "2"
+    assert figures["every_window_within_limit"].strip() == "True"
+    assert float(figures["ratio_all_to_slowest_alone"]) > 0
+    steps = {
+        line.split(":")[0].strip(): line.split(":", 1)[1]
+        for line in run.stdout.splitlines()
+        if line.startswith("  clinic-")
+    }
+    assert sorted(steps) == ["clinic-1", "clinic-2"], run.stdout
+    firsts = {name: listed.split()[0] for name, listed in steps.items()}
+    assert firsts == {"clinic-1": "extract_appointment_types", "clinic-2": "extract_branches"}
+    assert "cores busy, % each second:" in run.stdout
+
+
 def test_expansion_cost_refuses_a_rate_its_targets_cannot_use() -> None:
     """Its wall-time targets divide by the rate, and ours needs a limit: 0 is refused."""
     assert expansion_args(["--rate", "5"]).rate == 5
