@@ -7,6 +7,7 @@ The URL holds a password: messages name the host, port and database, never the U
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -19,11 +20,13 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance
 
 CONNECT_TIMEOUT_SECONDS = 5
-# A process that executes runs keeps its connections to the instance (`hold_connections`): a
-# pool of one per storage, a few more while threads need them, each replaced after five
-# minutes (a proxy between may drop an idle one).
+# A process that executes runs or steps keeps its connections to the instance
+# (`hold_connections`): a pool of one per storage, a few more while threads need them, each
+# replaced after five minutes (a proxy between may drop an idle one). A deployment's budget:
+# up to 3 per run worker and per step process, and Dagster's own for the webserver.
 HELD_OVERFLOW = 4
 HELD_RECYCLE_SECONDS = 300
+_HELD: weakref.WeakSet[DagsterInstance] = weakref.WeakSet()  # instances already holding them
 # pg_advisory_lock key held while one process creates or migrates Dagster's tables; any fixed
 # 64-bit number no other program of this database uses.
 MIGRATION_LOCK = 0x636C696E6963616C  # "clinical"
@@ -96,7 +99,13 @@ def hold_connections(instance: DagsterInstance) -> None:
     more CPU connecting than syncing (benchmarks/tenants_parallel.py --postgres: 95 s against
     41 s held). Only a process that executes runs and forks no child after: `sync --all-tenants`
     forks with the instance open (pipelines/home.py, `inherited`), and a connection held then
-    would be shared by every child. Statement timeout 0: a run's query is never cut short."""
+    would be shared by every child. Statement timeout 0: a run's query is never cut short.
+    Once per instance (a second call would replace the pools it holds); nothing on SQLite."""
+    from dagster_postgres import PostgresRunStorage
+
+    if instance in _HELD or not isinstance(instance.run_storage, PostgresRunStorage):
+        return
     instance.optimize_for_webserver(
         statement_timeout=0, pool_recycle=HELD_RECYCLE_SECONDS, max_overflow=HELD_OVERFLOW
     )
+    _HELD.add(instance)

@@ -13,13 +13,13 @@ import os
 from datetime import date, timedelta
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field as ConfigField
 from pydantic import PrivateAttr
 
 from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.settings import Settings
-from pipelines import tenants
+from pipelines import postgres, tenants
 from pipelines.tenants import TENANTS_VARIABLE, Tenant
 from sync.strategy import Options
 from warehouse.lake import Lake
@@ -61,6 +61,14 @@ class LakeAccess(ConfigurableResource):
 class WarehouseAccess(ConfigurableResource):
     """The published warehouse of a run's tenant, which analysts read, and the working copy
     beside it that the sync writes, one step at a time; see warehouse/publish.py."""
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        """The process running a step of ours keeps its PostgreSQL connections to the
+        instance (`postgres.hold_connections`). A run the daemon launched runs in a worker
+        Dagster starts and opens the instance in; a resource every step of ours requires is
+        where our code first sees that instance."""
+        if context.instance is not None:
+            postgres.hold_connections(context.instance)
 
     def published(self, tenant: str | None = None) -> str:
         raise NotImplementedError

@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dagster import asset
+
 from pipelines import home
 from pipelines.postgres import POSTGRES_VARIABLE
+from pipelines.resources import WarehouseAccess
 from tests.dev_server import free_port
 from tests.postgres import PostgresServer
 
@@ -168,3 +171,38 @@ def test_a_process_that_runs_keeps_its_connections(postgres_url, tmp_path, monke
             assert materialize([numbers, three_numbers], instance=instance).success
             opened[runs_here] = _sessions(postgres_url) - before - 1  # less _sessions' own
     assert opened[False] >= 20 and opened[True] <= 6, opened
+
+
+STEP_STARTS: list[int] = []  # the server's sessions when a step of ours began
+
+
+@asset
+def counted(warehouse: WarehouseAccess) -> int:
+    """A step of ours: it requires the warehouse resource."""
+    STEP_STARTS.append(_sessions(os.environ[POSTGRES_VARIABLE]))
+    return 3
+
+
+def test_a_run_dagster_launches_holds_them_once_a_step_of_ours_sets_up(
+    postgres_url, tmp_path, monkeypatch
+):
+    """A run the daemon launched runs in a worker whose instance Dagster opens (NullPool):
+    the warehouse resource, which every step of ours requires, holds its connections there
+    from its setup on. Counted from the step's start to the run's end, against the same run
+    with the hold turned off."""
+    from dagster import materialize
+
+    from pipelines import postgres
+    from pipelines.resources import WarehouseResource
+
+    monkeypatch.setenv(POSTGRES_VARIABLE, postgres_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    resources = {"warehouse": WarehouseResource(path=str(tmp_path / "w.duckdb"))}
+    held = postgres.hold_connections
+    opened = {}
+    for holds in (False, True):
+        monkeypatch.setattr(postgres, "hold_connections", held if holds else lambda _: None)
+        with home.instance() as instance:  # as a run worker opens it: nothing held
+            assert materialize([counted], instance=instance, resources=resources).success
+            opened[holds] = _sessions(postgres_url) - STEP_STARTS.pop() - 1  # less its own
+    assert opened[False] >= 10 and opened[True] <= 4, opened
