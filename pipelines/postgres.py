@@ -97,9 +97,10 @@ def hold_connections(instance: DagsterInstance) -> None:
     the webserver, which `optimize_for_webserver` gives a pool of one per storage. A tenant's
     run made about 1,300 (each a server process forked and a login): ten tenants at once spent
     more CPU connecting than syncing (benchmarks/tenants_parallel.py --postgres: 95 s against
-    41 s held). Only a process that executes runs and forks no child after: `sync --all-tenants`
-    forks with the instance open (pipelines/home.py, `inherited`), and a connection held then
-    would be shared by every child. Statement timeout 0: a run's query is never cut short.
+    41 s held). Only a process that executes runs or steps and forks no child after (Dagster
+    spawns a run's step processes, it does not fork them): `sync --all-tenants` forks with the
+    instance open (pipelines/home.py, `inherited`), and a connection held then would be shared
+    by every child. Statement timeout 0: a run's query is never cut short.
     Once per instance (a second call would replace the pools it holds); nothing on SQLite."""
     from dagster_postgres import PostgresRunStorage
 
