@@ -159,7 +159,7 @@ def test_tenants_parallel_measures_and_shows_each_tenants_steps(tmp_path: Path) 
     within their limits, the ratio against the slowest alone, and with --timeline each
     tenant's steps, its reads starting at another family (`sync --all-tenants`' rotation)."""
     script = DLT_SOURCE.parent / "tenants_parallel.py"
-    cmd = [sys.executable, str(script), "--tenants", "2", "--scale", "0.02", "--rate", "50"]
+    cmd = [sys.executable, str(script), "--tenants", "2", "--scale", "0.02", "--rate", "10"]
     cmd += ["--timeline", "--no-record"]
     run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
