@@ -235,8 +235,11 @@ def print_timeline(
 
     if postgres_url is not None:  # the home's dagster.yaml names the variable
         os.environ[POSTGRES_VARIABLE] = postgres_url
-    kinds = {DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS}
-    kinds.add(DagsterEventType.STEP_FAILURE)
+    kinds = {
+        DagsterEventType.STEP_START,
+        DagsterEventType.STEP_SUCCESS,
+        DagsterEventType.STEP_FAILURE,
+    }
     print("timeline: per tenant, each step's start (s after the launch) + its seconds")
     with DagsterInstance.from_config(str(home)) as instance:
         for found in sorted(instance.get_runs(), key=lambda r: r.tags.get(PARTITION_TAG, "")):

@@ -264,16 +264,15 @@ def _run_all(
     This process has imported Dagster and our pipelines (a fresh interpreter pays about 1.4
     CPU s for that), built the definitions and opened the instance the children use
     (`home.inherited`), and holds no thread and no open connection for a child to inherit."""
-    waiting = list(found)
-    rotation = {t.name: place for place, t in enumerate(found)}  # `assets.read_order`
+    waiting = list(enumerate(found))  # a tenant's place: its reads' rotation
     running: dict[int, tuple[Tenant, Path, float]] = {}
     done: dict[str, TenantRun] = {}
     sys.stdout.flush()  # or each child would print what this process has not yet
     while waiting or running:
         while waiting and len(running) < limit:
-            tenant = waiting.pop(0)
+            place, tenant = waiting.pop(0)
             output = folder / f"{tenant.name}.out"
-            mine = [*flags, "--read-rotation", str(rotation[tenant.name] % len(FAMILIES))]
+            mine = [*flags, "--read-rotation", str(place % len(FAMILIES))]
             running[_fork_sync(tenant, mine, output)] = (tenant, output, time.monotonic())
         pid, status = os.wait()
         if pid not in running:

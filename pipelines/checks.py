@@ -271,22 +271,16 @@ class Reference:
         return BY_NAME[self.navigation.target]
 
 
-def references() -> list[Reference]:
-    """Every to-one navigation of the catalogue between synced entity sets."""
-    return [
-        Reference(ent, nav)
-        for ent in BY_NAME.values()
-        for nav in ent.navigations
-        if not nav.many and nav.target in BY_NAME
-    ]
-
-
 def references_by_table() -> dict[EntitySet, list[Reference]]:
-    """The to-one references of each table that has some, in the catalogue's order."""
-    found: dict[EntitySet, list[Reference]] = {}
-    for ref in references():
-        found.setdefault(ref.source, []).append(ref)
-    return found
+    """Each table's to-one navigations to synced entity sets, for the tables with some, in
+    the catalogue's order."""
+    found = {
+        ent: [
+            Reference(ent, nav) for nav in ent.navigations if not nav.many and nav.target in BY_NAME
+        ]
+        for ent in BY_NAME.values()
+    }
+    return {ent: refs for ent, refs in found.items() if refs}
 
 
 def reference_checks() -> AssetChecksDefinition:

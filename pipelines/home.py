@@ -98,12 +98,13 @@ def instance_settings(home: Path | None = None) -> str | None:
     import yaml
 
     ours = INSTANCE_YAML.read_text(encoding="utf-8")
+    url = postgres_url()
     overlays = [
         path
-        for path, chosen in ((POSTGRES_YAML, postgres_url()), (TENANTS_YAML, tenants_file()))
+        for path, chosen in ((POSTGRES_YAML, url), (TENANTS_YAML, tenants_file()))
         if chosen is not None
     ]
-    storage = {"storage": sqlite_storage(home)} if home and postgres_url() is None else {}
+    storage = {"storage": sqlite_storage(home)} if home and url is None else {}
     if not overlays:
         if not storage:
             return ours
@@ -242,8 +243,8 @@ def instance(
     of a migration there is nothing to do for. `runs_here`: this process executes runs and
     forks nothing, so on PostgreSQL it keeps its connections (`postgres.hold_connections`)."""
     with _opened(warehouse, prepared) as opened:
-        if runs_here and postgres_url() is not None:
-            postgres.hold_connections(opened)
+        if runs_here:
+            postgres.hold_connections(opened)  # nothing on SQLite
         yield opened
 
 
