@@ -20,6 +20,7 @@ from warehouse.ident import column_list, literal, qualified, quote
 from warehouse.schema import CLINICAL_META, EXTRAS, HISTORY_META
 
 SUPERSEDED = "_superseded"
+AS_OF = "_as_of"  # history.<table>_as_of(ts), a table macro per set
 CONTENT_META = (EXTRAS, "_content_hash")  # stored alike in clinical and history
 
 CLINICAL, HISTORY, OPS, ANALYTICS = "clinical", "history", "ops", "analytics"
@@ -28,8 +29,9 @@ SCHEMAS: dict[str, str] = {
     HISTORY: "Type-2 history: every version of every record the syncs have seen",
     OPS: "Sync bookkeeping: watermarks, runs and how each set ended, rejected rows, loaded "
     "batches, source",
-    ANALYTICS: "Linked models for analysts: tables built from clinical after every run's loads, "
-    "deleted rows excluded; and how each set's last run ended (sync_health, a view over ops)",
+    ANALYTICS: "For analysts: the dbt models' tables, built from clinical after every run's loads "
+    "(deleted rows excluded); what each run changed (changes); how each set's last run ended "
+    "(sync_health) and how fresh each model is (model_health)",
 }
 
 # ops tables: name -> (meaning, {column: (DuckDB type, meaning)}).
@@ -163,13 +165,21 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
         },
     ),
     "models": (
-        "The analytics tables as last built, so that a publication never copies them older "
-        "than the clinical tables they read",
+        "The dbt models' tables in analytics as last built and last failed, so that a model "
+        "older than the tables it reads says so (analytics.model_health)",
         {
-            "name": ("VARCHAR", "Model: the table analytics.<name> (warehouse/sql/NN_<name>.sql)"),
-            "fingerprint": ("VARCHAR", "SHA-256 of the SQL the table was built from"),
-            "built_at": ("TIMESTAMPTZ", "When the table was built (every model together)"),
+            "name": ("VARCHAR", "Model: the table analytics.<name>"),
+            "fingerprint": ("VARCHAR", "dbt's checksum of the model's SQL as last built"),
+            "built_at": ("TIMESTAMPTZ", "When the table was last built"),
             "rows": ("BIGINT", "Rows built"),
+            "reads": ("VARCHAR[]", "Entity sets whose clinical tables it reads"),
+            "built_run_id": ("VARCHAR", "Run that last built it"),
+            "failed_at": ("TIMESTAMPTZ", "When its build or a test of severity error last failed"),
+            "failed_run_id": ("VARCHAR", "Run of that failure"),
+            "failure": (
+                "VARCHAR",
+                "What failed: the build (with DuckDB's kind of error) or the tests named",
+            ),
         },
     ),
     "loaded_batches": (
@@ -254,6 +264,21 @@ def _table(
     yield from _comments("TABLE", target, meaning, columns)
 
 
+def as_of_macro(entity: EntitySet) -> str:
+    """The name of `history.<table>_as_of(ts)`."""
+    return f"{entity.table}{AS_OF}"
+
+
+def _as_of(entity: EntitySet) -> Iterator[str]:
+    """`history.<table>_as_of(ts)`: the set as the warehouse held it at `ts`, each record's
+    version valid then (seen at or before `ts`, not yet replaced or deleted)."""
+    columns = column_list([*field_columns(entity), EXTRAS, "_run_id", "_valid_from", "_valid_to"])
+    at = "CAST(ts AS TIMESTAMPTZ)"
+    yield f"""CREATE OR REPLACE MACRO {qualified(HISTORY, as_of_macro(entity))}(ts) AS TABLE
+SELECT {columns} FROM {qualified(HISTORY, entity.table)}
+WHERE "_valid_from" <= {at} AND ("_valid_to" IS NULL OR "_valid_to" > {at})"""
+
+
 def _history_view(entity: EntitySet, meaning: str) -> Iterator[str]:
     """`history.<table>`: the superseded versions and, from clinical, the current ones."""
     columns = history_columns(entity)
@@ -291,30 +316,82 @@ def statements(entities: Iterable[EntitySet], *, upgrades: bool = True) -> Itera
             upgrades=upgrades,
         )
         yield from _history_view(entity, f"Every version of {what} seen")
+        yield from _as_of(entity)
     for name, (meaning, columns) in OPS_TABLES.items():
         yield from _table(OPS, name, meaning, columns, upgrades=upgrades)
-    yield SYNC_HEALTH
-    yield (
-        f"COMMENT ON VIEW {qualified(ANALYTICS, SYNC_HEALTH_VIEW)} IS "
-        f"{literal(SYNC_HEALTH_MEANING)}"
-    )
+    yield from _table(ANALYTICS, CHANGES_TABLE, CHANGES_MEANING, CHANGES_COLUMNS, upgrades=upgrades)
+    for name, (meaning, sql) in ANALYTICS_VIEWS.items():
+        yield sql
+        yield f"COMMENT ON VIEW {qualified(ANALYTICS, name)} IS {literal(meaning)}"
 
 
 # How each set's last run ended: a view over ops.set_results, so it is current the moment a
-# result is recorded (the analytics models, tables built from clinical, are built before the
-# checks that decide it: warehouse/models.py leaves this view alone). `status` reads it too
+# result is recorded. `status` reads it too
 # (ops.last_set_results).
 SYNC_HEALTH_VIEW = "sync_health"
 SYNC_HEALTH_MEANING = (
     "How each entity set's last run ended: exact when none of its checks of severity ERROR "
     "failed, else the records by which it may differ (unreconciled) and the checks that failed"
 )
-DDL_VIEWS = frozenset({SYNC_HEALTH_VIEW})  # analytics views the DDL owns, not models
 SYNC_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, SYNC_HEALTH_VIEW)} AS
 SELECT r.entity, r.exact, r.unreconciled, r.failed_checks, r.warned_checks,
     r.staleness_hours, r.live_rows, r.mode, r.run_id, r.recorded_at
 FROM {qualified(OPS, "set_results")} AS r
 QUALIFY row_number() OVER (PARTITION BY r.entity ORDER BY r.recorded_at DESC) = 1"""
+
+# What each run inserted, updated and deleted: written by the merge in the load's transaction
+# (warehouse/changes.py); "last night" is the latest run's rows.
+CHANGES_TABLE = "changes"
+CHANGES_MEANING = (
+    "One row per record a run inserted, updated or deleted (documents included), written by "
+    "the load that did it; the latest run's rows are what changed last night"
+)
+CHANGES_COLUMNS: Columns = {
+    "run_id": ("VARCHAR", "Run whose load changed the record"),
+    "entity": ("VARCHAR", "Entity set name as the spec writes it"),
+    "id": ("VARCHAR", "The record's key as sent (a number as its decimal text)"),
+    "change": (
+        "VARCHAR",
+        "inserted, updated or deleted (a record back after a deletion: inserted)",
+    ),
+    "changed_columns": (
+        "VARCHAR[]",
+        "For an update, the columns whose values moved (_extras when a value kept as sent did)",
+    ),
+    "synced_at": ("TIMESTAMPTZ", "When the load committed it (the version's _synced_at)"),
+}
+
+# Each dbt model's table, how fresh: stale when a table it reads changed after it was built
+# (its build failed, or the run that loaded the table did not build it).
+MODEL_HEALTH_VIEW = "model_health"
+MODEL_HEALTH_MEANING = (
+    "Each dbt model's table in analytics: when it was built, and stale when a clinical table "
+    "it reads changed since (changed_since_built names them); its last failure"
+)
+MODEL_HEALTH = f"""CREATE OR REPLACE VIEW {qualified(ANALYTICS, MODEL_HEALTH_VIEW)} AS
+WITH changed AS (
+    SELECT entity, max(synced_at) AS changed_at
+    FROM {qualified(ANALYTICS, CHANGES_TABLE)} GROUP BY entity
+),
+since AS (
+    SELECT m.name, list(c.entity ORDER BY c.entity) AS entities
+    FROM {qualified(OPS, "models")} AS m
+    JOIN changed AS c ON list_contains(m.reads, c.entity) AND c.changed_at > m.built_at
+    GROUP BY m.name
+)
+SELECT m.name, m.built_at, m.built_run_id, m.rows,
+    m.built_at IS NULL OR s.name IS NOT NULL AS stale,
+    coalesce(s.entities, []) AS changed_since_built,
+    m.reads, m.failed_at, m.failed_run_id, m.failure
+FROM {qualified(OPS, "models")} AS m
+LEFT JOIN since AS s ON s.name = m.name"""
+
+# The analytics objects the DDL owns (dbt owns the models' tables).
+ANALYTICS_VIEWS: dict[str, tuple[str, str]] = {
+    SYNC_HEALTH_VIEW: (SYNC_HEALTH_MEANING, SYNC_HEALTH),
+    MODEL_HEALTH_VIEW: (MODEL_HEALTH_MEANING, MODEL_HEALTH),
+}
+DDL_OWNED = frozenset({*ANALYTICS_VIEWS, CHANGES_TABLE})
 
 
 def ops_table(name: str) -> Iterator[str]:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet
-from warehouse import ddl, ops
+from warehouse import changes, ddl, ops
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
 from warehouse.normalise import REJECT
@@ -35,6 +35,8 @@ CONTENT_HASH = "printf('%016x', hash({content}))"
 
 # The plan's actions, as the classification query names them.
 INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
+# How analytics.changes names each action that changes a record (a record back is inserted).
+CHANGES = {INSERT: changes.INSERTED, RESURRECT: changes.INSERTED, UPDATE: changes.UPDATED}
 
 
 class Merge:
@@ -69,9 +71,11 @@ class Merge:
             # A fresh load (an empty table, no key twice, no snapshot since) inserts
             # everything: one streaming statement, nothing to compare with.
             actions[INSERT] = self._insert_fresh()
+            changes.record_fresh(self.con, self.ent, self.run_id, self.files)
             deleted = self._apply_deletes()
         else:
             actions.update(self._plan(duplicated))
+            changes.record_plan(self.con, self.ent, self.run_id, self.clinical, CHANGES)
             self._apply(actions)
             deleted = self._mark_deleted() if snapshot else 0
             deleted += self._apply_deletes()
@@ -301,14 +305,15 @@ class Merge:
             if files
             else ""
         )
-        (marked,) = self.con.execute(
+        marked = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
                 WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
                   AND NOT EXISTS (SELECT 1 FROM "_plan" AS s WHERE s.{self.key} = c.{self.key})
-                  {rejected_keys}""",
+                  {rejected_keys}
+                RETURNING c.{self.key}""",
             [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
-        ).fetchone()
-        return marked
+        ).fetchall()
+        return self._deleted([key for (key,) in marked])
 
     def _apply_deletes(self) -> int:
         """Mark deleted the keys an extraction found gone at the source, as of that batch's
@@ -327,17 +332,23 @@ class Merge:
             }
         )
         self.con.register("_gone_files", gone)
-        (marked,) = self.con.execute(
+        marked = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at"
                 FROM (SELECT d."key", max(f."at") AS "at"
                       FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
                       JOIN "_gone_files" AS f ON d."filename" = f."file" GROUP BY ALL) AS g
                 WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= g."at"
-                  AND CAST(c.{self.key} AS VARCHAR) = g."key" """,
+                  AND CAST(c.{self.key} AS VARCHAR) = g."key"
+                RETURNING c.{self.key}""",
             [[f for f, _ in found]],
-        ).fetchone()
+        ).fetchall()
         self.con.unregister("_gone_files")
-        return marked
+        return self._deleted([key for (key,) in marked])
+
+    def _deleted(self, keys: list[object]) -> int:
+        """Records this load marked deleted, into analytics.changes; how many."""
+        changes.record_keys(self.con, self.ent, self.run_id, changes.DELETED, keys)
+        return len(keys)
 
     def _reject_files(self) -> list[str]:
         return [

@@ -22,7 +22,7 @@ import duckdb
 
 from connectors.clinical_records.catalogue import BY_TABLE, EntitySet
 from warehouse import ops
-from warehouse.ddl import ANALYTICS, DDL_VIEWS
+from warehouse.ddl import ANALYTICS, DDL_OWNED
 from warehouse.ident import literal, qualified
 
 FILE_RE = re.compile(r"^[0-9]+_(\w+)\.sql$")
@@ -88,7 +88,7 @@ def refresh(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> dict[str,
         [ANALYTICS, ANALYTICS],
     ).fetchall()
     for name, kind in held:
-        if name in DDL_VIEWS:
+        if name in DDL_OWNED:
             continue
         if kind == "VIEW" or name not in names:
             con.execute(f"DROP {kind} {qualified(ANALYTICS, name)}")

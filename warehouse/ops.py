@@ -458,7 +458,10 @@ def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[
 def record_models(con: duckdb.DuckDBPyConnection, built: Sequence[tuple[str, str, int]]) -> None:
     """The models just built, (name, fingerprint of its SQL, rows), replacing the last builds."""
     con.execute('DELETE FROM "ops"."models"')
-    con.executemany('INSERT INTO "ops"."models" VALUES (?, ?, now(), ?)', list(built))
+    con.executemany(
+        'INSERT INTO "ops"."models" ("name", "fingerprint", "built_at", "rows") VALUES (?, ?, now(), ?)',
+        list(built),
+    )
 
 
 def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetime]]:
