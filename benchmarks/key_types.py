@@ -1,7 +1,7 @@
 """What issue 29's typing rule costs analysts, at scale 50: main's BIGINT ids against today's.
 
 The same records, made in SQL at the sandbox's scale-50 sizes (ids are the numbers the
-default profile sends), go into three warehouse files, and each model of warehouse/sql is
+default profile sends), go into three warehouse files, and each model of transform/ is
 queried on all three in turns in this one run:
 - before: main until issue 29; an id family that is a number anywhere is BIGINT, decimals
   DECIMAL(18,4), the models views;
@@ -11,7 +11,7 @@ queried on all three in turns in this one run:
   (warehouse/models.py): what analysts pay now.
 Each query is a full aggregate over one model (every join of a view runs); the figure is the
 median of `--repeats` runs. What the tables cost instead: building them (the real
-`Warehouse.refresh_models`, in a child process under WAREHOUSE_MEMORY_LIMIT, twice, as two
+`warehouse.models.build`, dbt in a child process under WAREHOUSE_MEMORY_LIMIT, twice, as two
 nights would), the file's size and its publication (warehouse/publish.py), against the views.
 
 Run: nice .venv/bin/python benchmarks/key_types.py [--scale 50] [--repeats 7]
@@ -52,9 +52,11 @@ from connectors.sandbox.columns import HOME
 from connectors.sandbox.generator import size_of
 from warehouse import ddl
 from warehouse.connection import Transaction, memory_limit
+from warehouse.dbt_project import manifest_json, prepare
 from warehouse.ident import literal, qualified, quote
 from warehouse.load import Warehouse
-from warehouse.models import models
+from warehouse.models import build as build_models
+from warehouse.models import models, select_sql
 from warehouse.publish import publish
 
 QUERIES = {
@@ -137,20 +139,23 @@ def create_views(path: Path) -> float:
     """The models as views, as main made them before this design; seconds taken."""
     with Warehouse(path) as wh:
         started = time.perf_counter()
+        manifest = manifest_json(prepare())
         with Transaction(wh.con):
-            for model in models():
+            for model in models(manifest):
                 wh.con.execute(
-                    f"CREATE OR REPLACE VIEW {qualified(ddl.ANALYTICS, model.name)} AS\n{model.sql}"
+                    f"CREATE OR REPLACE VIEW {qualified(ddl.ANALYTICS, model.name)} AS\n"
+                    + select_sql(manifest, model)
                 )
         return time.perf_counter() - started
 
 
 def build_tables(path: Path) -> float:
-    """The models as tables, the way a run's models step builds them; seconds taken."""
+    """The models as tables, the way a run's models step builds them (dbt, in process); seconds
+    taken."""
+    started = time.perf_counter()
+    build_models(path)
+    seconds = time.perf_counter() - started
     with Warehouse(path) as wh:
-        started = time.perf_counter()
-        wh.refresh_models()
-        seconds = time.perf_counter() - started
         wh.con.execute("CHECKPOINT")
     return seconds
 

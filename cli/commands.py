@@ -240,15 +240,19 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def rebuild(args: argparse.Namespace) -> int:
-    """Rebuild the working copy from the lake, then publish it."""
+    """Rebuild the working copy from the lake, its models, then publish it."""
     from sync.state import LOCK_WAIT_SECONDS
+    from warehouse import dbt_project, models
     from warehouse.publish import publish, working_copy
     from warehouse.rebuild import rebuild as rebuild_warehouse
 
     lake, path = home.lake_root(), home.warehouse_path()
+    project = dbt_project.project_dir(os.environ)
     print(f"rebuilding {path} from the lake at {lake} ...", file=sys.stderr)
     work = working_copy(path, adopt=False)
     results = rebuild_warehouse(lake, work)
+    built = models.build(work, dbt_project.prepare(project, database=dbt_project.catalog(work)))
+    print(f"models ({project}): {built.summary()}", file=sys.stderr)
     publish(work, path, wait=LOCK_WAIT_SECONDS)
     rows = [("entity set", "fetched", "inserted", "updated", "deleted", "rejected")]
     for name, r in results.items():

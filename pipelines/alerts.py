@@ -53,7 +53,11 @@ def message(verdict: Verdict, warehouse: str, tenant: str | None = None) -> dict
     lines: list[str] = []
     if verdict.failure is not None:
         lines.append(f"{head} {verdict.failure}")
-        lines.append("Loads that committed before the failure stay; nothing was published.")
+        lines.append(
+            "The clinical tables published; the failed models keep their last tables."
+            if verdict.published
+            else "Loads that committed before the failure stay; nothing was published."
+        )
     else:
         lines.append(
             f"{head} is NOT EXACT: {len(verdict.not_exact)} of {len(verdict.sets)} entity "
@@ -75,6 +79,7 @@ def message(verdict: Verdict, warehouse: str, tenant: str | None = None) -> dict
         "warehouse": warehouse,
         "tenant": tenant,
         "entity_sets": list(verdict.sets),
+        "published": verdict.published,
         "not_exact": [
             {
                 "entity": e.entity,

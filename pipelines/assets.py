@@ -1,5 +1,5 @@
 """The asset factory: per entity set of the catalogue, an extraction into the lake and a load
-into DuckDB; downstream, the analytics models. No asset body is written per entity set.
+into DuckDB; downstream, the analytics models (pipelines/dbt_assets.py) and the publication. No asset body is written per entity set.
 
 Two assets per set rather than one: extraction is API-bound and may run in parallel (pool
 `clinical_api`), loading is DuckDB-bound and runs one at a time (pool `warehouse`), and the
@@ -8,9 +8,10 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
-import time
+import os
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -21,7 +22,6 @@ from dagster import (
     AssetKey,
     AssetOut,
     AssetsDefinition,
-    AssetSpec,
     MaterializeResult,
     MetadataValue,
     Output,
@@ -38,7 +38,8 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.client import ClinicalClient
-from pipelines import checks
+from pipelines import checks, home
+from pipelines.dbt_assets import build_dbt_assets
 from pipelines.documents_asset import build_content_asset
 from pipelines.keys import (
     ANALYTICS_GROUP,
@@ -47,12 +48,12 @@ from pipelines.keys import (
     LAKE_GROUP,
     LOADS_FIRST,
     OWNERS,
+    PUBLISH_PRIORITY,
     PUBLISHED_GROUP,
     PUBLISHED_KEY,
     WAREHOUSE_POOL,
     in_pool,
     lake_key,
-    model_key,
     table_key,
 )
 from pipelines.liveness import run_started_at
@@ -78,10 +79,9 @@ from sync.state import (
 )
 from sync.strategy import Mode
 from warehouse import ops
-from warehouse.ddl import ANALYTICS
+from warehouse.dbt_project import Project, catalog, prepare, project_dir
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
-from warehouse.models import Model, models
 from warehouse.publish import publish
 
 # The client's counters (`Counters`, as `Extraction.stats` holds them) as the UI plots them.
@@ -353,57 +353,17 @@ def build_load_asset(
     return load_entity
 
 
-def build_models_asset(
-    found: list[Model], partitions_def: PartitionsDefinition | None = None
-) -> AssetsDefinition:
-    """The analytics tables, downstream of the clinical tables each reads: one step builds
-    them all in one transaction after the run's loads (a failure keeps the previous ones,
-    and the publication waits for the next run that builds them)."""
-    specs = [
-        AssetSpec(
-            model_key(m.name),
-            deps=[table_key(e) for e in m.sources],
-            group_name=ANALYTICS_GROUP,
-            kinds={"duckdb", "sql", "table"},
-            owners=OWNERS,
-            description=m.description,
-        )
-        for m in found
-    ]
-
-    @multi_asset(
-        specs=specs,
-        name="analytics_models",
-        **in_pool(WAREHOUSE_POOL),
-        can_subset=True,
-        partitions_def=partitions_def,
-    )
-    def analytics_models(context, warehouse: WarehouseAccess) -> Iterator[MaterializeResult]:
-        enter(Phase.LOAD, ANALYTICS)
-        with Warehouse(warehouse.working(tenant_of(context)), wait=LOCK_WAIT_SECONDS) as wh:
-            wh.ensure_schema()
-            started = time.monotonic()
-            rows = wh.refresh_models()
-            seconds = round(time.monotonic() - started, 3)
-        context.log.info(f"analytics tables built in {seconds} s: {rows}")
-        for m in found:
-            key = model_key(m.name)
-            if key in context.selected_asset_keys:
-                yield MaterializeResult(
-                    asset_key=key, metadata={"rows": rows[m.name], "build_seconds": seconds}
-                )
-
-    return analytics_models
-
-
 def build_publish_asset(
     upstream: Sequence[AssetKey | AssetsDefinition],
     partitions_def: PartitionsDefinition | None = None,
 ) -> AssetsDefinition:
-    """`published/warehouse`, downstream of every step that writes the warehouse: it runs
-    when they all succeeded (a failed or skipped one skips it), so a failed run publishes
-    nothing. Alone in the `warehouse` pool, like every step that writes DuckDB."""
-    keys = [k for u in upstream for k in _keys(u)]
+    """`published/warehouse`, downstream of every step that writes the clinical tables: it
+    runs when they all succeeded (a failed or skipped one skips it), so a failed run publishes
+    nothing. Not downstream of the models (a model that fails must not hold the night's
+    tables back): the models step runs first by priority (pipelines/dbt_assets.py), and a
+    model older than the tables it reads is published saying so. Alone in the `warehouse`
+    pool, like every step that writes DuckDB."""
+    keys = [k for u in upstream for k in _keys(u) if k.path[0] != ANALYTICS_GROUP]
 
     @asset(
         key=PUBLISHED_KEY,
@@ -411,7 +371,7 @@ def build_publish_asset(
         group_name=PUBLISHED_GROUP,
         kinds={"duckdb"},
         owners=OWNERS,
-        **in_pool(WAREHOUSE_POOL),
+        **in_pool(WAREHOUSE_POOL, priority=PUBLISH_PRIORITY),
         partitions_def=partitions_def,
         description=(
             "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
@@ -425,11 +385,17 @@ def build_publish_asset(
             warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
         )
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
+        if done.stale_models:
+            context.log.warning(
+                "models older than the tables they read (analytics.model_health): "
+                + ", ".join(done.stale_models)
+            )
         return MaterializeResult(
             metadata={
                 "path": MetadataValue.path(str(done.path)),
                 "bytes": done.bytes,
                 "seconds": done.seconds,
+                "stale_models": MetadataValue.text(", ".join(done.stale_models) or "none"),
             }
         )
 
@@ -458,24 +424,37 @@ def read_order(rotation: int = 0) -> dict[str, int]:
 
 
 def build_assets(
-    partitions_def: PartitionsDefinition | None = None, *, read_rotation: int = 0
+    partitions_def: PartitionsDefinition | None = None,
+    *,
+    read_rotation: int = 0,
+    project: Project | None = None,
 ) -> list[AssetsDefinition]:
-    """Per family an extraction, per set a load, the models and the documents' files; every
-    one partitioned by `partitions_def` (tenants) or none."""
+    """Per family an extraction, per set a load, the models of the dbt `project` (default:
+    the one CLINICAL_DBT_PROJECT names, else transform/) and the documents' files; every one
+    partitioned by `partitions_def` (tenants) or none."""
     order = read_order(read_rotation)
     out = [build_extract_asset(f, partitions_def, order[f[0].table]) for f in FAMILIES]
     out += [build_load_asset(entity, partitions_def) for entity in ALL_ENTITIES]
-    out.append(build_models_asset(models(), partitions_def))
+    out.append(build_dbt_assets(project or configured_project(), partitions_def))
     out.append(build_content_asset(partitions_def))
     return out
 
 
 def build_sync_assets(
-    partitions_def: PartitionsDefinition | None = None, *, read_rotation: int = 0
+    partitions_def: PartitionsDefinition | None = None,
+    *,
+    read_rotation: int = 0,
+    project: Project | None = None,
 ) -> list[AssetsDefinition]:
     """The entity sets' assets, the models and the documents' files, then their publication."""
-    found = build_assets(partitions_def, read_rotation=read_rotation)
+    found = build_assets(partitions_def, read_rotation=read_rotation, project=project)
     return [*found, build_publish_asset(found, partitions_def)]
+
+
+def configured_project() -> Project:
+    """The dbt project of CLINICAL_DBT_PROJECT (else transform/), parsed for the catalog name
+    of WAREHOUSE_PATH (a tenant's warehouse of another name gets its own parse, once)."""
+    return prepare(project_dir(os.environ), database=catalog(Path(home.warehouse_path())))
 
 
 def build_reference_checks() -> list[AssetChecksDefinition]:

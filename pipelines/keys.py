@@ -19,6 +19,9 @@ WAREHOUSE_POOL = "warehouse"
 POOL_TAG = "clinical-sync/pool"
 PRIORITY_TAG = "dagster/priority"
 LOADS_FIRST = 1  # a set's load runs before the next family's extraction (assets.py)
+# The models step runs before the publication, which does not depend on it (dbt_assets.py):
+# when both are ready the higher priority runs first.
+MODELS_PRIORITY, PUBLISH_PRIORITY = 0, -100
 # Job names: the UI's job pages list a run of `clinical-sync` under the job it stands for.
 NIGHTLY_JOB = "nightly_sync"
 FULL_JOB = "full_resync"

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetSelection, DagsterInstance, Definitions, define_asset_job
@@ -53,6 +54,7 @@ from pipelines.verdict import (
 )
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from sync.budget import BUDGET_VARIABLE, parse_budget
+from warehouse.dbt_project import Project, catalog, prepare, project_dir
 from warehouse.figures import Figure
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,10 @@ def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) ->
         webhook = webhook_from_env(env)
     except ConfigError as error:
         problems.append(error)
+    try:
+        project_dir(env)
+    except ConfigError as error:
+        problems.append(error)
     if problems:
         raise ConfigError.combine(problems)
     return webhook
@@ -218,13 +224,25 @@ UNCHECKED = Unchecked()
 
 
 @functools.cache
-def sync_definitions(*, partitioned: bool, read_rotation: int = 0) -> tuple[Any, ...]:
+def sync_definitions(
+    *, partitioned: bool, read_rotation: int = 0, project: Project | None = None
+) -> tuple[Any, ...]:
     """The assets and checks a sync materializes, built once per process (and by `sync
     --all-tenants` before it forks): every run of the process uses the same definitions, only
     its resources and partition differ. `read_rotation`: the family the reads start at
-    (`assets.read_order`)."""
-    assets = build_sync_assets(TENANTS if partitioned else None, read_rotation=read_rotation)
+    (`assets.read_order`); `project`: the dbt project of the models (`models_project`)."""
+    assets = build_sync_assets(
+        TENANTS if partitioned else None, read_rotation=read_rotation, project=project
+    )
     return (*assets, *build_reference_checks())
+
+
+def models_project(env: Mapping[str, str], warehouse_path: str | Path) -> Project:
+    """The dbt project of CLINICAL_DBT_PROJECT in `env` (else transform/), parsed once per
+    content for the warehouse's catalog name, its manifest loaded in this process."""
+    project = prepare(project_dir(env), database=catalog(Path(warehouse_path)))
+    project.manifest()
+    return project
 
 
 def sync(
@@ -284,9 +302,12 @@ def sync(
         if full
         else keys.NIGHTLY_JOB
     )
+    project = models_project(env, tenant.warehouse if tenant else warehouse_path)
     result = _materialize(
         job,
-        sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
+        sync_definitions(
+            partitioned=tenant is not None, read_rotation=read_rotation, project=project
+        ),
         resources,
         log_level=log_level,
         instance=instance,
@@ -353,7 +374,7 @@ def sync_documents(
     webhook = check_configuration(env)
     result = _materialize(
         keys.DOCUMENTS_JOB,
-        build_sync_assets(),
+        build_sync_assets(project=models_project(env, warehouse_path)),
         resources_from_env(env, lake_root, warehouse_path, full=full),
         log_level=log_level,
         instance=instance,

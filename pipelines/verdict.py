@@ -25,9 +25,9 @@ from dagster import (
 from connectors.clinical_records.catalogue import ALL_ENTITIES, BY_TABLE
 from connectors.clinical_records.errors import ClinicalApiError
 from pipelines import checks
-from pipelines.keys import CLINICAL_GROUP
+from pipelines.keys import CLINICAL_GROUP, PUBLISHED_KEY
 from pipelines.run_failures import root_failures
-from warehouse.errors import SourceMismatch, WarehouseLocked
+from warehouse.errors import ModelsFailed, SourceMismatch, WarehouseLocked
 from warehouse.figures import Figure
 
 EVENTS = {
@@ -84,6 +84,7 @@ class Verdict:
     sets: tuple[str, ...]  # every entity set the run loaded
     not_exact: tuple[SetEnding, ...] = ()
     failure: Failure | None = None
+    published: bool = False  # the run published the warehouse (a failed model does not stop it)
 
     @property
     def exact(self) -> bool:
@@ -141,7 +142,8 @@ def verdict(run_id: str, job: str, success: bool, events: Sequence[DagsterEvent]
         failure = Failure(tuple(step for step, _ in failures), kind, reason)
     ending = Ending.FAILED if not success else Ending.NOT_EXACT if not_exact else Ending.EXACT
     sets = tuple(e.name for e in ALL_ENTITIES if e.table in figures)
-    return Verdict(run_id, job, ending, sets, not_exact, failure)
+    published = any(e.is_step_materialization and e.asset_key == PUBLISHED_KEY for e in events)
+    return Verdict(run_id, job, ending, sets, not_exact, failure, published)
 
 
 def verdict_of_run(instance: DagsterInstance, run: Any) -> Verdict:
@@ -162,7 +164,7 @@ def died(run_id: str, job: str, why: str) -> Verdict:
 def _ours() -> set[str]:
     """The error classes whose messages hold no token, secret, document id or record."""
     found: set[str] = set()
-    todo: list[type] = [ClinicalApiError, WarehouseLocked, SourceMismatch]
+    todo: list[type] = [ClinicalApiError, WarehouseLocked, SourceMismatch, ModelsFailed]
     while todo:
         kind = todo.pop()
         found.add(kind.__name__)

@@ -23,7 +23,15 @@ from pipelines.checks import (
     references_by_table,
 )
 from pipelines.documents_asset import CONTENT_KEY
-from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
+from pipelines.keys import (
+    API_POOL,
+    MODELS_PRIORITY,
+    PUBLISH_PRIORITY,
+    PUBLISHED_KEY,
+    WAREHOUSE_POOL,
+    lake_key,
+    table_key,
+)
 from sync.budget import needs_whole
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,8 +83,11 @@ def test_one_extraction_and_one_table_per_entity_set_and_the_models():
     assert AssetKey(["analytics", "prescription_claims"]) in models
     documents = {lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY}
     assert keys == expected | models | documents | {PUBLISHED_KEY}
-    # Published once everything that writes the warehouse has committed.
-    assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY}
+    # Published once everything that writes the clinical tables has committed; not after the
+    # models (a model that fails must not hold the night's tables back): their step goes
+    # first by priority, and a model left older than its tables is published saying so.
+    assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY} - models
+    assert MODELS_PRIORITY > PUBLISH_PRIORITY
     node = graph.get(AssetKey(["analytics", "prescription_claims"]))
     assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
         node.parent_keys
@@ -94,6 +105,7 @@ def test_pools_kinds_owners_and_descriptions():
         assert graph.get(lake_key(entity)).pools == {API_POOL}
         assert graph.get(table_key(entity)).pools == {WAREHOUSE_POOL}
     assert graph.get(PUBLISHED_KEY).pools == {WAREHOUSE_POOL}
+    assert graph.get(AssetKey(["analytics", "prescription_summary"])).pools == {WAREHOUSE_POOL}
 
 
 def test_jobs_schedule_and_sensor_exist():
@@ -129,7 +141,16 @@ def test_checks_exist_for_every_table():
     # Three events and a materialization lookup each, per run and tenant: kept to the questions
     # an operator acts on (the count, reconciliation, what was set aside, staleness, references).
     tables = ALL_ENTITIES  # the documents' table too
-    assert len(checks) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table)
+    ours = {c for c in checks if c.asset_key.path[0] != "analytics"}
+    assert len(ours) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table)
+    # The models' dbt tests: a key each (unique and not null in one) and a reference (warn).
+    tests = {(c.asset_key.path[-1], c.name.split("_")[0]) for c in checks - ours}
+    assert tests == {
+        ("prescription_claims", "primary"),
+        ("prescription_verifications", "primary"),
+        ("prescription_summary", "primary"),
+        ("prescription_summary", "relationships"),
+    }
 
 
 def test_every_table_has_a_freshness_policy():

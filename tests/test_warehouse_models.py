@@ -1,9 +1,11 @@
-"""The analytics models link prescriptions, claims, verifications, patients and physicians;
-each is a table built from its SELECT, all in one transaction, and a publication never copies
-them older than the clinical tables they read."""
+"""The analytics models (dbt, transform/) link prescriptions, claims, verifications, patients
+and physicians; each is a table built from its SELECT, only when a table it reads changed;
+a model that fails keeps its last table and says so, and a publication names the models older
+than the tables they read."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from datetime import date
 from decimal import Decimal
@@ -15,18 +17,31 @@ from connectors.clinical_records.catalogue import (
     APPOINTMENT_TYPES,
     APPOINTMENTS,
     BRANCHES,
+    BY_NAME,
     CLAIMS,
     INSURANCE_VERIFICATIONS,
     PATIENTS,
     PHYSICIANS,
     PRESCRIPTIONS,
+    Edm,
 )
+from pipelines.checks import references_by_table
 from tests.warehouse_records import Harness, analytics_rows, record
-from warehouse import models
-from warehouse.ddl import DDL_VIEWS
+from warehouse import dbt_catalogue, dbt_project, models
+from warehouse.ddl import ANALYTICS_VIEWS, CHANGES_TABLE
 from warehouse.load import LoadResult, SetResult
-from warehouse.models import Model, parse
 from warehouse.publish import publish
+
+MODELS = {
+    "prescription_claims",
+    "prescription_verifications",
+    "prescription_summary",
+    "broken_references",
+}
+
+
+def transform_models() -> list[models.Model]:
+    return models.models(dbt_project.manifest_json(dbt_project.prepare()))
 
 
 @pytest.fixture
@@ -125,12 +140,7 @@ def linked(tmp_path):
             ),
         ],
     )
-    assert list(h.wh.refresh_models()) == [
-        "prescription_claims",
-        "prescription_verifications",
-        "prescription_summary",
-        "broken_references",
-    ]
+    assert set(models.build(h.path).built) == MODELS
     yield h
     h.close()
 
@@ -195,6 +205,9 @@ def test_broken_references(linked):
         ("Appointments", "app-2", "patient_id", "404"),
         ("Claims", "3", "prescription_id", "999"),
         ("InsuranceVerifications", "9", "prescription_id", "555"),
+        ("Prescriptions", "101", "branch_id", "101"),
+        ("Prescriptions", "101", "primary_care_physician_id", "101"),
+        ("Prescriptions", "101", "referring_physician_id", "101"),
     ]
 
 
@@ -212,7 +225,7 @@ def test_delivery_date_is_the_date_as_written_in_any_readers_time_zone(tmp_path,
     }
     h.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, k, delivered_on=v) for k, v in written.items()])
     h.rows(f"SET TimeZone = '{zone}'")  # the session that builds the table, and reads it
-    h.wh.refresh_models()
+    models.build(h.path)
     days = dict(
         h.rows("SELECT prescription_id, delivered_date FROM analytics.prescription_summary")
     )
@@ -247,7 +260,6 @@ def test_sync_health_and_status_show_each_sets_last_run_and_the_run_its_flag(tmp
                 h.wh.record_set_result(run_id, result)
     h.wh.record_set_result("run-2", claims)  # a step tried again: still one row
     h.wh.fail_run("run-3", "extract_patients: refused")
-    h.wh.refresh_models()
     health = {
         r[0]: r[1:]
         for r in h.rows(
@@ -275,109 +287,144 @@ def test_sync_health_and_status_show_each_sets_last_run_and_the_run_its_flag(tmp
     h.close()
 
 
-def test_models_are_named_by_their_file_and_read_the_tables_they_join():
-    found = {m.name: m for m in models.models()}
-    assert list(found) == [
-        "prescription_claims",
-        "prescription_verifications",
-        "prescription_summary",
-        "broken_references",
-    ]
-    assert {"prescriptions", "claims"} <= {e.table for e in found["prescription_claims"].sources}
-    assert found["prescription_summary"].description.endswith("to first claim.")
-    model = parse(
-        "07_x.sql",
-        "-- One row per thing: its parts, and the days from\n-- one step to the next.\n"
-        "-- More detail.\nSELECT * FROM clinical.claims;\n",
+def test_models_read_the_sets_they_join_through_refs_too():
+    found = {m.name: m for m in transform_models()}
+    assert set(found) == MODELS
+    assert found["prescription_claims"].reads == ("Claims", "Prescriptions")
+    assert found["prescription_summary"].reads == (
+        "Branches",
+        "Claims",
+        "InsuranceVerifications",
+        "Patients",
+        "Physicians",
+        "Prescriptions",
     )
-    assert (model.name, [e.name for e in model.sources], model.sql[-20:]) == (
-        "x",
-        ["Claims"],
-        "FROM clinical.claims",
+    assert found["prescription_summary"].description.startswith("One row per live prescription")
+
+
+def test_broken_references_lists_every_reference_the_checks_count(tmp_path):
+    """One live record per reference whose target is missing: each is listed, under the
+    reference the check `references_found` counts it by (its list is the catalogue's)."""
+    checked = {
+        (ref.source.name, ref.navigation.local)
+        for refs in references_by_table().values()
+        for ref in refs
+    }
+    generated = {(s.name, local) for s, local, _, _ in dbt_catalogue.references()}
+    assert generated == checked and len(checked) == 10
+    h = Harness(tmp_path)
+    for name in sorted({s for s, _ in checked}):
+        ent = BY_NAME[name]
+        dangling = {
+            local: 999 if ent.field(local).type is Edm.INT32 else "999"  # as the spec types it
+            for s, local in checked
+            if s == name
+        }
+        h.sync(ent, [record(ent, 1, **dangling)])
+    models.build(h.path)
+    listed = h.rows("SELECT entity, reference, parent_id FROM analytics.broken_references")
+    assert sorted((e, r) for e, r, _ in listed) == sorted(checked)
+    assert {p for _, _, p in listed} == {"999"}
+    h.close()
+
+
+def test_an_unknown_physician_is_null_never_an_empty_string(tmp_path):
+    h = Harness(tmp_path)
+    h.sync(PHYSICIANS, [record(PHYSICIANS, 21, id="21", first_name=None, last_name=None)])
+    h.sync(
+        PRESCRIPTIONS,
+        [
+            record(PRESCRIPTIONS, 1, referring_physician_id="404", primary_care_physician_id="21"),
+            record(PRESCRIPTIONS, 2, referring_physician_id=None, primary_care_physician_id=None),
+        ],
     )
-    assert model.description == (
-        "One row per thing: its parts, and the days from one step to the next."
+    models.build(h.path)
+    names = h.rows(
+        "SELECT referring_physician, primary_care_physician FROM analytics.prescription_summary"
     )
-    for name, sql in (("x.sql", "SELECT 1"), ("01_x.sql", " ;\n")):
-        with pytest.raises(ValueError, match=r"NN_<name>|empty"):
-            parse(name, sql)
+    assert names == [(None, None), (None, None)]
+    h.close()
 
 
 def test_each_model_is_a_table_equal_to_its_select_with_a_comment(linked):
     kinds = linked.rows(
         "SELECT table_name, comment FROM duckdb_tables() WHERE schema_name = 'analytics'"
     )
-    assert {name for name, _ in kinds} == {m.name for m in models.models()}
+    assert {name for name, _ in kinds} == MODELS | {CHANGES_TABLE}
     assert all(comment for _, comment in kinds)
     views = linked.rows("SELECT view_name FROM duckdb_views() WHERE schema_name = 'analytics'")
-    assert {name for (name,) in views} == DDL_VIEWS  # the DDL's own (sync_health), no model
+    assert {name for (name,) in views} == set(ANALYTICS_VIEWS)  # the DDL's own, no model
     for name, (table, query) in analytics_rows(linked.wh.con).items():
         assert table == query and table, name
     built = dict(linked.rows('SELECT "name", "rows" FROM "ops"."models"'))
     assert built == {name: len(rows) for name, (rows, _) in analytics_rows(linked.wh.con).items()}
 
 
-def test_a_failing_model_keeps_every_table_as_it_was(linked, monkeypatch):
-    before = analytics_rows(linked.wh.con)
-    built = linked.rows('SELECT * FROM "ops"."models" ORDER BY 1')
-    linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
-    broken = Model(
-        "zz_broken", "Reads a table that is not there.", "SELECT * FROM clinical.nope", ()
-    )
-    real = models.models()
-    monkeypatch.setattr(models, "models", lambda: [*real, broken])
-    with pytest.raises(Exception, match="nope"):
-        linked.wh.refresh_models()
-    # The first models were built before the failure, and rolled back with it.
-    assert {n: table for n, (table, _) in analytics_rows(linked.wh.con).items()} == {
-        n: table for n, (table, _) in before.items()
-    }
-    assert linked.rows('SELECT * FROM "ops"."models" ORDER BY 1') == built
-    assert "prescription_claims" in linked.wh.stale_models()
-
-
-def test_views_of_an_older_version_and_removed_models_give_way_to_the_tables(harness):
-    harness.rows("CREATE VIEW analytics.prescription_claims AS SELECT 1 AS x")
-    harness.rows("CREATE TABLE analytics.retired_model AS SELECT 1 AS x")
-    harness.wh.refresh_models()
-    held = harness.rows(
-        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'analytics' "
-        "UNION ALL SELECT view_name FROM duckdb_views() WHERE schema_name = 'analytics'"
-    )
-    assert sorted(n for (n,) in held) == sorted([*(m.name for m in models.models()), *DDL_VIEWS])
-
-
-def test_a_load_since_the_build_makes_the_models_that_read_it_stale_and_publish_builds_them(
-    linked, tmp_path
-):
-    assert linked.wh.stale_models() == []
+def test_nothing_changed_nothing_built_and_a_change_builds_the_models_that_read_it(linked):
+    again = models.build(linked.path)
+    assert again.built == {} and set(again.reused) == MODELS
     linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
     # Verifications read no claim; the three that do are older than the load.
-    assert linked.wh.stale_models() == [
+    assert {m.name for m in models.stale(linked.wh.con, transform_models())} == {
         "prescription_claims",
         "prescription_summary",
         "broken_references",
-    ]
-    linked.close()
-    published = tmp_path / "published.duckdb"
-    publish(linked.path, published)
-    with duckdb.connect(str(published), read_only=True) as con:
-        for name, (table, query) in analytics_rows(con).items():
-            assert table == query, name
-        amounts = con.execute(
-            "SELECT total_claim_amount FROM analytics.prescription_claims WHERE claim_id = 5"
-        ).fetchall()
-        assert amounts == [(Decimal("7.00"),)]
-        assert models.stale(con, models.models()) == []
+    }
+    built = models.build(linked.path)
+    assert set(built.built) == MODELS - {"prescription_verifications"}
+    for name, (table, query) in analytics_rows(linked.wh.con).items():
+        assert table == query, name
 
 
 def test_new_sql_or_a_new_schema_makes_a_model_stale(linked):
+    found = transform_models()
     changed = [
-        Model(m.name, m.description, m.sql + " LIMIT 1", m.sources)
-        if m.name == "prescription_verifications"
-        else m
-        for m in models.models()
+        replace(m, checksum="other") if m.name == "prescription_verifications" else m for m in found
     ]
-    assert models.stale(linked.wh.con, changed) == ["prescription_verifications"]
+    assert [m.name for m in models.stale(linked.wh.con, changed)] == ["prescription_verifications"]
     linked.rows('UPDATE "ops"."schema_version" SET "applied_at" = now() + INTERVAL 1 MINUTE')
-    assert len(linked.wh.stale_models()) == 4
+    assert len(models.stale(linked.wh.con, found)) == 4
+
+
+def test_a_view_of_an_older_version_gives_way_to_the_table(harness):
+    harness.rows("CREATE VIEW analytics.prescription_claims AS SELECT 1 AS x")
+    models.build(harness.path)
+    (kind,) = harness.rows(
+        "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics' "
+        "AND table_name = 'prescription_claims'"
+    )[0]
+    assert kind == 1
+
+
+def test_a_failing_model_keeps_its_table_says_so_and_the_others_build(linked, tmp_path):
+    """A project with a model that reads a table that is not there: the build names it and
+    its kind of error, the other models are built, and its last table stays, marked stale."""
+    project = tmp_path / "project"
+    shutil.copytree(dbt_project.DEFAULT_PROJECT, project, ignore=shutil.ignore_patterns("target"))
+    ok = "SELECT id, total_claim_amount FROM {{ source('clinical', 'claims') }}"
+    (project / "models" / "claim_amounts.sql").write_text(ok)
+    built = models.build(linked.path, dbt_project.prepare(project))
+    assert built.ok and "claim_amounts" in built.built
+    before = linked.rows("SELECT * FROM analytics.claim_amounts ORDER BY ALL")
+
+    (project / "models" / "claim_amounts.sql").write_text(ok.replace("id,", "no_such_column,"))
+    linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
+    failed = models.build(linked.path, dbt_project.prepare(project))
+    assert failed.failed == {"claim_amounts": "build failed: Binder Error"}
+    assert set(failed.built) == MODELS - {"prescription_verifications"}
+    assert linked.rows("SELECT * FROM analytics.claim_amounts ORDER BY ALL") == before
+    health = linked.rows(
+        "SELECT stale, changed_since_built, failure, failed_at > built_at "
+        "FROM analytics.model_health WHERE name = 'claim_amounts'"
+    )
+    assert health == [(True, ["Claims"], "build failed: Binder Error", True)]
+
+
+def test_publish_names_the_models_older_than_the_tables_they_read(linked, tmp_path):
+    linked.sync(CLAIMS, [record(CLAIMS, 5, prescription_id=100, total_claim_amount="7.00")], day=2)
+    linked.close()
+    done = publish(linked.path, tmp_path / "published.duckdb")
+    assert done.stale_models == ("broken_references", "prescription_claims", "prescription_summary")
+    with duckdb.connect(str(done.path), read_only=True) as con:
+        stale = con.execute("SELECT name FROM analytics.model_health WHERE stale ORDER BY 1")
+        assert [n for (n,) in stale.fetchall()] == list(done.stale_models)

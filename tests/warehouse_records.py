@@ -10,9 +10,10 @@ from typing import Any
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
+from warehouse.dbt_project import manifest_json, prepare
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
-from warehouse.models import models
+from warehouse.models import models, select_sql
 from warehouse.normalise import normalise
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
@@ -121,11 +122,13 @@ def contents(path: str | Path) -> dict[str, list[tuple]]:
 
 
 def analytics_rows(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[list[str], list[str]]]:
-    """Per model: (its table's rows, its SELECT's rows over the clinical tables now), both
-    sorted as text: equal when the table is what the model says of the data beside it."""
+    """Per model of transform/: (its table's rows, its SELECT's rows over the clinical tables
+    now), both sorted as text: equal when the table is what the model says of the data beside
+    it."""
+    manifest = manifest_json(prepare())
     out = {}
-    for model in models():
+    for model in models(manifest):
         table = con.execute(f'SELECT * FROM "analytics"."{model.name}"').fetchall()
-        query = con.execute(model.sql).fetchall()
+        query = con.execute(select_sql(manifest, model)).fetchall()
         out[model.name] = (sorted(map(repr, table)), sorted(map(repr, query)))
     return out

@@ -19,7 +19,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, models, ops, vacuum
+from warehouse import ddl, migrations, ops, vacuum
 from warehouse.connection import Transaction, connect, memory_limit, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
@@ -116,22 +116,12 @@ class Warehouse:
                 return ent
         raise KeyError(f"unknown entity set {name!r}")
 
-    # -- schema and models -------------------------------------------------------------
+    # -- schema ----------------------------------------------------------------------
 
     def ensure_schema(self) -> None:
         """Create (or extend) every schema, table and comment; safe to run on every start
         (skipped while the DDL is the one last applied)."""
         migrations.ensure_schema(self.con, self.entities.values())
-
-    def refresh_models(self) -> dict[str, int]:
-        """Build the analytics tables from `warehouse/sql/*.sql`, in name order, all in one
-        transaction (a failure leaves the previous ones); the rows of each."""
-        with self.transaction():
-            return models.refresh(self.con, models.models())
-
-    def stale_models(self) -> list[str]:
-        """The analytics tables older than the clinical tables they read (`models.stale`)."""
-        return models.stale(self.con, models.models())
 
     # -- source, runs, watermarks ------------------------------------------------------
 

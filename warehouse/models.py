@@ -1,119 +1,293 @@
-"""The analytics models: each `warehouse/sql/NN_name.sql` is one SELECT over `clinical`,
-built as the table `analytics.<name>` after a run's loads, so analysts read joined rows.
+"""The analytics models, built by dbt on a warehouse file: which models a load has made stale,
+their build (in this process, `warehouse/dbt_project.py`), and what was built and what failed
+(`ops.models`), so that a model older than the tables it reads says so
+(`analytics.model_health`, `status`).
 
-Tables, not views: most id families are text as sent (docs/ARCHITECTURE.md, Canonical
-types), and DuckDB joins text keys at several times the cost of dense integers. Built once
-a run, the joins cost the nightly a few seconds and an analyst's query reads one table
-(BENCHMARKS.md, key_types). A table is as fresh as its last build: `refresh` builds every
-model in the caller's transaction and records it in `ops.models`; `stale` names the models
-a load, a schema change or new SQL has overtaken, so that a publication never copies
-models older than the clinical tables beside them (warehouse/publish.py).
+`build` is the one entry point: the Dagster step calls it after a run's loads, `rebuild` and
+the benchmarks call it without Dagster. A model is stale when its table is missing, was built
+from other SQL, or is older than the schema or than the last change (`analytics.changes`) of
+a set it reads, directly or through the models it refs; a model downstream of a stale one is
+stale too. A model that fails keeps its last table, marked failed; the others are built.
+
+Tables, not views: most id families are text as sent (docs/ARCHITECTURE.md, Canonical types),
+and DuckDB joins text keys at several times the cost of dense integers. Built once a run, the
+joins cost the nightly a fraction of a second and an analyst's query reads one table
+(BENCHMARKS.md, key_types).
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import duckdb
 
-from connectors.clinical_records.catalogue import BY_TABLE, EntitySet
-from warehouse import ops
-from warehouse.ddl import ANALYTICS, DDL_OWNED
-from warehouse.ident import literal, qualified
+from connectors.clinical_records.catalogue import BY_TABLE
+from warehouse import dbt_project, ops
+from warehouse.connection import Transaction
+from warehouse.dbt_project import DEFAULT_PROJECT, Project
+from warehouse.ddl import ANALYTICS, CHANGES_TABLE, CLINICAL
+from warehouse.ident import qualified
+from warehouse.load import Warehouse
 
-FILE_RE = re.compile(r"^[0-9]+_(\w+)\.sql$")
-TABLE_RE = re.compile(r'"?clinical"?\."?(\w+)"?', re.IGNORECASE)
-COMMENT_RE = re.compile(r"^\s*--\s?(.*)$")
+log = logging.getLogger(__name__)
+
+MODELS = qualified("ops", "models")
+ERROR_KIND = re.compile(r"\b([A-Z][A-Za-z]* Error):")  # DuckDB's "Binder Error: ...", ...
+DBT_KIND = re.compile(r"\b([A-Z][A-Za-z]* Error) in ")  # dbt's own: "Compilation Error in ..."
+FAILED_STATUSES = {"error", "fail", "runtime error", "skipped"}
 
 
 @dataclass(frozen=True)
 class Model:
-    name: str  # the table analytics.<name>
-    description: str  # the SQL's first comment sentence: the table's COMMENT and the UI's text
-    sql: str  # one SELECT over clinical.*
-    sources: tuple[EntitySet, ...]  # the sets it reads
+    """A dbt model whose table the warehouse holds."""
+
+    unique_id: str
+    name: str  # its table's name
+    relation: str  # its table, as dbt names it ("catalog"."schema"."name")
+    selector: str  # its fully qualified name, for dbt's --select
+    checksum: str  # dbt's checksum of its SQL
+    reads: tuple[str, ...]  # the entity sets whose clinical tables it reads, through refs too
+    upstream: tuple[str, ...]  # the models it refs (unique ids)
+    description: str
+
+
+def models(manifest: Mapping[str, Any]) -> list[Model]:
+    """Every model of a manifest (as `manifest.json` holds it) that builds a table or view."""
+    nodes = manifest["nodes"]
+    sets = {
+        uid: BY_TABLE[s["identifier"]].name
+        for uid, s in manifest["sources"].items()
+        if s["schema"] == CLINICAL and s["identifier"] in BY_TABLE
+    }
+
+    def reads(uid: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        found: set[str] = set()
+        for parent in nodes[uid]["depends_on"]["nodes"]:
+            if parent in sets:
+                found.add(sets[parent])
+            elif parent in nodes and parent not in seen:
+                found |= reads(parent, seen | {uid})
+        return found
+
+    out = []
+    for uid, node in nodes.items():
+        if node["resource_type"] != "model" or node["config"]["materialized"] == "ephemeral":
+            continue
+        out.append(
+            Model(
+                unique_id=uid,
+                name=node["alias"] or node["name"],
+                relation=node["relation_name"],
+                selector=".".join(node["fqn"]),
+                checksum=node["checksum"]["checksum"],
+                reads=tuple(sorted(reads(uid))),
+                upstream=tuple(p for p in node["depends_on"]["nodes"] if p.startswith("model.")),
+                description=node.get("description") or "",
+            )
+        )
+    return out
+
+
+SOURCE_CALL = re.compile(r"\{\{\s*source\('(\w+)',\s*'(\w+)'\)\s*\}\}")
+REF_CALL = re.compile(r"\{\{\s*ref\('(\w+)'\)\s*\}\}")
+
+
+def select_sql(manifest: Mapping[str, Any], model: Model) -> str:
+    """A model's SELECT with its source() and ref() calls resolved to the warehouse's tables:
+    transform/'s models call nothing else. For a test or a benchmark that runs a model's
+    query beside its table, or builds it as a view; dbt builds the tables."""
+    raw = manifest["nodes"][model.unique_id]["raw_code"]
+    raw = SOURCE_CALL.sub(lambda m: f'"{m[1]}"."{m[2]}"', raw)
+    return REF_CALL.sub(lambda m: f'"{ANALYTICS}"."{m[1]}"', raw)
+
+
+def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[Model]:
+    """The models a build must make: missing, other SQL, older than the schema or than a
+    change to a set they read, or downstream of such a model."""
+    built = dict(
+        (name, (checksum, at))
+        for name, checksum, at in con.execute(
+            f'SELECT "name", "fingerprint", "built_at" FROM {MODELS}'
+        ).fetchall()
+    )
+    tables = {
+        row[0]
+        for row in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = ?", [ANALYTICS]
+        ).fetchall()
+    }
+    oldest = min((at for _, at in built.values() if at is not None), default=None)
+    changed: dict[str, datetime] = dict(
+        con.execute(
+            f"SELECT entity, max(synced_at) FROM {qualified(ANALYTICS, CHANGES_TABLE)} "
+            "WHERE synced_at > ? GROUP BY entity",
+            [oldest],
+        ).fetchall()
+        if oldest is not None
+        else []
+    )
+    schema = ops.schema_applied_at(con)
+    by_id = {m.unique_id: m for m in found}
+    verdicts: dict[str, bool] = {}
+
+    def is_stale(model: Model) -> bool:
+        if model.unique_id not in verdicts:
+            checksum, at = built.get(model.name, (None, None))
+            verdicts[model.unique_id] = (
+                at is None
+                or checksum != model.checksum
+                or model.name not in tables
+                or (schema is not None and schema > at)
+                or any(changed.get(e, at) > at for e in model.reads)
+                or any(is_stale(by_id[u]) for u in model.upstream if u in by_id)
+            )
+        return verdicts[model.unique_id]
+
+    return [m for m in found if is_stale(m)]
+
+
+@dataclass
+class Built:
+    """What a build did: per model its rows (built) or what failed; the tests' results."""
+
+    built: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # model -> what failed (no values)
+    warned: dict[str, str] = field(default_factory=dict)  # test -> what it found (severity warn)
+    reused: list[str] = field(default_factory=list)  # fresh, left as they were
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
     @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        parts = [f"{len(self.built)} built", f"{len(self.reused)} fresh"]
+        if self.failed:
+            parts.append("failed: " + "; ".join(f"{m} ({w})" for m, w in self.failed.items()))
+        return ", ".join(parts)
 
 
-def parse(file_name: str, sql: str) -> Model:
-    named = FILE_RE.match(file_name)
-    if named is None:
-        raise ValueError(f"an analytics model's file is named NN_<name>.sql, not {file_name!r}")
-    body = sql.strip().rstrip(";").strip()
-    if not body:
-        raise ValueError(f"{file_name}: an analytics model is one SELECT, and this is empty")
-    tables = dict.fromkeys(m.group(1) for m in TABLE_RE.finditer(body))
-    comments = [m.group(1) for line in body.splitlines() if (m := COMMENT_RE.match(line))]
-    name = named.group(1)
-    return Model(
-        name,
-        _first_sentence(comments) or f"analytics.{name}",
-        body,
-        tuple(BY_TABLE[t] for t in tables if t in BY_TABLE),
-    )
+def build(
+    warehouse: str | Path,
+    project: Project | None = None,
+    *,
+    only: Iterable[str] | None = None,
+    run_id: str | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    wait: float = 0.0,
+) -> Built:
+    """Build the stale models of `project` (default: transform/) on the warehouse file, in
+    this process: its lock held throughout (dbt's connection joins this one), each model's
+    outcome recorded in ops.models. `only`: the names of the models to consider."""
+    path = Path(warehouse)
+    database = dbt_project.catalog(path)
+    if project is None or project.database != database:  # dbt names relations by catalog
+        project = dbt_project.prepare(
+            project.path if project else DEFAULT_PROJECT, database=database
+        )
+    found = models(dbt_project.manifest_json(project))
+    if only is not None:
+        wanted = set(only)
+        found = [m for m in found if m.name in wanted]
+    started, cpu = time.monotonic(), time.process_time()
+    with Warehouse(path, wait=wait) as wh:
+        wh.ensure_schema()
+        todo = stale(wh.con, found)
+        done = Built(reused=[m.name for m in found if m not in todo])
+        if todo:
+            results = _run(project, path, todo, on_event)
+            _outcomes(done, todo, results)
+            _record(wh.con, todo, done, run_id)
+    done.seconds = round(time.monotonic() - started, 3)
+    done.cpu_seconds = round(time.process_time() - cpu, 3)
+    return done
 
 
-def _first_sentence(comments: list[str]) -> str:
-    """The comment's first sentence, however many lines it wraps over (the UI shows it)."""
-    taken: list[str] = []
-    for line in comments:
-        taken.append(line.strip())
-        if line.rstrip().endswith("."):
-            break
-    return " ".join(taken)
+def _run(
+    project: Project, path: Path, todo: Sequence[Model], on_event: Callable[[Any], None] | None
+) -> list[Any]:
+    """`dbt build` of these models and their tests; dbt's result per node."""
+    profiles = dbt_project.write_profile(path.parent / "dbt", path)
+    args = [
+        "build",
+        *project.arguments(profiles),
+        "--no-write-json",  # run_results.json and the manifest again: a second per build
+        "--select",
+        *(m.selector for m in todo),
+    ]
+    try:
+        result = dbt_project.runner(project.manifest(), on_event).invoke(args)
+    finally:
+        dbt_project.release()
+    if result.result is None:  # dbt failed before it ran a node (a broken profile, say)
+        raise dbt_project.DbtFailed(f"dbt build failed: {result.exception}")
+    return list(result.result.results)
 
 
-def models() -> list[Model]:
-    """Every model in `warehouse/sql`, in the order the warehouse builds them."""
-    folder = resources.files("warehouse") / "sql"
-    scripts = sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str)
-    return [parse(p.name, p.read_text(encoding="utf-8")) for p in scripts]
+def _outcomes(done: Built, todo: Sequence[Model], results: Sequence[Any]) -> None:
+    """Each model built or failed (its build, or a test of severity error on it), without
+    any value a DuckDB message may quote: that message goes to the log."""
+    by_id = {m.unique_id: m for m in todo}
+    for r in results:
+        node, status = r.node, str(r.status)
+        if node.unique_id in by_id:
+            model = by_id[node.unique_id]
+            if status in FAILED_STATUSES:
+                done.failed[model.name] = _failure(status, r.message)
+                log.error("dbt model %s: %s", model.name, r.message)
+            else:
+                done.built[model.name] = 0
+        elif node.resource_type == "test":
+            tested = [by_id[u].name for u in node.depends_on.nodes if u in by_id]
+            what = f"test {node.name}: {r.failures} rows" if r.failures else f"test {node.name}"
+            if status in ("fail", "error"):
+                log.error("dbt %s on %s: %s", what, ", ".join(tested), r.message)
+                for name in tested:
+                    done.failed[name] = "; ".join(filter(None, [done.failed.get(name), what]))
+            elif status == "warn":
+                done.warned[node.name] = what
 
 
-def refresh(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> dict[str, int]:
-    """Build every model as its table, in the caller's transaction, and record the builds;
-    the analytics schema then holds exactly these tables and the DDL's own views (a view of
-    an older version, or a model since removed, is dropped). Returns the rows of each."""
-    names = {m.name for m in found}
-    held = con.execute(
-        "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE schema_name = ? "
-        "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE schema_name = ?",
-        [ANALYTICS, ANALYTICS],
-    ).fetchall()
-    for name, kind in held:
-        if name in DDL_OWNED:
-            continue
-        if kind == "VIEW" or name not in names:
-            con.execute(f"DROP {kind} {qualified(ANALYTICS, name)}")
-    rows: dict[str, int] = {}
-    for model in found:
-        target = qualified(ANALYTICS, model.name)
-        built = con.execute(f"CREATE OR REPLACE TABLE {target} AS\n{model.sql}").fetchone()
-        (rows[model.name],) = built  # CREATE TABLE AS answers with the rows it wrote
-        con.execute(f"COMMENT ON TABLE {target} IS {literal(model.description)}")
-    ops.record_models(con, [(m.name, m.fingerprint, rows[m.name]) for m in found])
-    return rows
+def _failure(status: str, message: str | None) -> str:
+    if status == "skipped":
+        return "not built: a model it reads failed"
+    kind = ERROR_KIND.search(message or "") or DBT_KIND.search(message or "")
+    return f"build failed: {kind.group(1) if kind else 'dbt error'}"
 
 
-def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[str]:
-    """The models whose table is missing, was built from other SQL, or is older than the
-    last load of a set it reads or the last change of the schema. None in a file without
-    the ops tables this reads (not a warehouse a sync set up, or one whose analytics are an
-    older version's views, which are never stale)."""
-    if not ops.holds(con, "models", "sync_state", "schema_version"):
-        return []
-    built, loaded, schema = ops.models_built(con), ops.last_loads(con), ops.schema_applied_at(con)
-    out = []
-    for model in found:
-        fingerprint, at = built.get(model.name, (None, None))
-        changes = [loaded.get(e.name) for e in model.sources] + [schema]
-        if fingerprint != model.fingerprint or any(t is not None and t > at for t in changes):
-            out.append(model.name)
-    return out
+def _record(
+    con: duckdb.DuckDBPyConnection, todo: Sequence[Model], done: Built, run_id: str | None
+) -> None:
+    """ops.models: each model built (its rows counted) and each failure, in one transaction."""
+    for model in todo:
+        if model.name in done.built:
+            (done.built[model.name],) = con.execute(
+                f"SELECT count(*) FROM {model.relation}"
+            ).fetchone()
+    with Transaction(con):
+        for model in todo:
+            con.execute(
+                f"""INSERT INTO {MODELS} ("name", "reads") SELECT ?, ?
+                    WHERE NOT EXISTS (SELECT 1 FROM {MODELS} WHERE "name" = ?)""",
+                [model.name, list(model.reads), model.name],
+            )
+            if model.name in done.built:
+                con.execute(
+                    f"""UPDATE {MODELS} SET "fingerprint" = ?, "built_at" = now(), "rows" = ?,
+                            "reads" = ?, "built_run_id" = ? WHERE "name" = ?""",
+                    [model.checksum, done.built[model.name], list(model.reads), run_id, model.name],
+                )
+            if model.name in done.failed:
+                con.execute(
+                    f"""UPDATE {MODELS} SET "failed_at" = now(), "failed_run_id" = ?,
+                            "failure" = ? WHERE "name" = ?""",
+                    [run_id, done.failed[model.name], model.name],
+                )

@@ -452,24 +452,6 @@ def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[
     return dict(rows)
 
 
-# -- analytics models ----------------------------------------------------------------------
-
-
-def record_models(con: duckdb.DuckDBPyConnection, built: Sequence[tuple[str, str, int]]) -> None:
-    """The models just built, (name, fingerprint of its SQL, rows), replacing the last builds."""
-    con.execute('DELETE FROM "ops"."models"')
-    con.executemany(
-        'INSERT INTO "ops"."models" ("name", "fingerprint", "built_at", "rows") VALUES (?, ?, now(), ?)',
-        list(built),
-    )
-
-
-def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetime]]:
-    """Per model: the fingerprint of the SQL its table was built from, and when."""
-    rows = con.execute('SELECT "name", "fingerprint", "built_at" FROM "ops"."models"').fetchall()
-    return {name: (fingerprint, at) for name, fingerprint, at in rows}
-
-
 # -- what a merge reads and records --------------------------------------------------------
 
 

@@ -8,9 +8,10 @@ When a run has committed, `publish` checkpoints the working copy (the file then 
 commit), copies its bytes beside `WAREHOUSE_PATH` under a private temporary name while it
 still holds the write lock, syncs them and renames the copy over `WAREHOUSE_PATH`.
 
-The analytics tables are built by a run's models step after its loads; a run that loaded
-sets without that step (a backfill, a selection in the UI) has them built here first, so
-the copy never holds models older than the clinical tables beside them.
+The analytics tables are built by a run's models step after its loads. A model older than a
+table it reads (its build failed, or the run did not build it: a backfill, a selection in the
+UI) is published as it is, and says so: `analytics.model_health` marks it stale, and the
+publication names it (`Published.stale_models`, a warning in the log).
 
 A connection already open on `WAREHOUSE_PATH` keeps reading the file it opened (the rename
 leaves its inode alone); a connection opened afterwards reads the new night. Analysts'
@@ -26,6 +27,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+
+from warehouse.ddl import ANALYTICS, MODEL_HEALTH_VIEW
+from warehouse.ident import qualified
 from warehouse.load import Warehouse
 from warehouse.private import create_private, make_private, private_dir, tighten
 
@@ -40,6 +45,7 @@ class Published:
     path: Path
     bytes: int
     seconds: float
+    stale_models: tuple[str, ...] = ()
 
 
 def working_path(published: str | os.PathLike[str]) -> Path:
@@ -92,12 +98,12 @@ def publish(
     work, target = Path(working), Path(published)
     private_dir(target.parent)
     with Warehouse(work, wait=wait) as wh:  # held to the end: nobody writes meanwhile
-        if stale := wh.stale_models():  # a run that loaded sets without building models
-            log.info(
-                "analytics models older than the tables they read, built first: %s",
+        if stale := stale_models(wh.con):
+            log.warning(
+                "published with analytics models older than the tables they read (see "
+                "analytics.model_health): %s",
                 ", ".join(stale),
             )
-            wh.refresh_models()
         wh.con.execute("CHECKPOINT")
         for stale in target.parent.glob(f".{target.name}.*{PUBLISHING}"):
             stale.unlink(missing_ok=True)  # left by a publisher killed halfway
@@ -109,7 +115,20 @@ def publish(
             partial.unlink(missing_ok=True)
     _sync_folder(target.parent)
     make_private(target)
-    return Published(target, size, round(time.monotonic() - started, 3))
+    return Published(target, size, round(time.monotonic() - started, 3), tuple(stale))
+
+
+def stale_models(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The models `analytics.model_health` calls stale (none in a file without it)."""
+    if not con.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE schema_name = ? AND view_name = ?",
+        [ANALYTICS, MODEL_HEALTH_VIEW],
+    ).fetchone()[0]:
+        return []
+    rows = con.execute(
+        f"SELECT name FROM {qualified(ANALYTICS, MODEL_HEALTH_VIEW)} WHERE stale ORDER BY name"
+    ).fetchall()
+    return [name for (name,) in rows]
 
 
 def _copy(source: Path, target: Path) -> int:

@@ -70,7 +70,6 @@ def rebuild(
         for run_id, names in runs.items():
             wh.record_run(run_id, sorted(names))
             wh.finish_run(run_id, REBUILT)
-        wh.refresh_models()
     _remove(target)
     os.replace(building, target)
     return results

@@ -1,0 +1,123 @@
+"""The analysts' models as Dagster assets (dagster-dbt): every model of the dbt project
+(`transform/`, or the analytics team's at CLINICAL_DBT_PROJECT) an asset downstream of the
+clinical tables it reads, its tests asset checks, one step building the models a run's loads
+made stale (`warehouse/models.py`: dbt in this process, nothing parsed at run time).
+
+The step runs after the loads and before the publication, which does not depend on it: a
+model that fails (bad SQL, a test of severity error) fails this step, names the model, and
+keeps its last table, marked stale (analytics.model_health); the night's clinical tables
+publish all the same. The order comes from the steps' priorities (`keys.MODELS_BEFORE_PUBLISH`),
+tested in tests/test_pipelines_models.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from dagster import AssetKey, MetadataValue, PartitionsDefinition
+from dagster_dbt import DagsterDbtTranslator, dbt_assets
+from dagster_dbt.core.dbt_cli_event import DbtCoreCliEventMessage
+
+from connectors.clinical_records.catalogue import BY_TABLE
+from pipelines.keys import (
+    ANALYTICS_GROUP,
+    MODELS_PRIORITY,
+    OWNERS,
+    WAREHOUSE_POOL,
+    in_pool,
+    model_key,
+    table_key,
+)
+from pipelines.partitions import tenant_of
+from pipelines.resources import WarehouseAccess
+from sync.phase import Phase, enter
+from sync.state import LOCK_WAIT_SECONDS
+from warehouse import models
+from warehouse.dbt_project import Project, manifest_json
+from warehouse.ddl import ANALYTICS, CLINICAL
+from warehouse.errors import ModelsFailed
+
+# dbt's events that say how a node ended: what Dagster's materializations and checks come from.
+RESULT_EVENTS = frozenset({"LogModelResult", "LogTestResult", "LogSeedResult", "LogSnapshotResult"})
+STEP = "analytics_models"
+
+
+class Translator(DagsterDbtTranslator):
+    """A clinical table dbt reads is its load's asset (`clinical/<table>`), whatever the
+    project calls its source; a model is `analytics/<table>` in the analytics group."""
+
+    def get_asset_key(self, dbt_resource_props: Mapping[str, Any]) -> AssetKey:
+        props = dbt_resource_props
+        if props["resource_type"] == "source":
+            table = props.get("identifier") or props["name"]
+            if props.get("schema") == CLINICAL and table in BY_TABLE:
+                return table_key(BY_TABLE[table])
+        if props["resource_type"] in ("model", "seed", "snapshot"):
+            return model_key(props.get("alias") or props["name"])
+        return super().get_asset_key(dbt_resource_props)
+
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
+        return ANALYTICS_GROUP
+
+    def get_owners(self, dbt_resource_props: Mapping[str, Any]) -> list[str]:
+        return list(OWNERS)
+
+
+def build_dbt_assets(project: Project, partitions_def: PartitionsDefinition | None = None):
+    """The project's models as one multi-asset, built by one step in the `warehouse` pool."""
+    manifest = manifest_json(project)
+    translator = Translator()
+    pool = in_pool(WAREHOUSE_POOL, priority=MODELS_PRIORITY)
+
+    @dbt_assets(
+        manifest=manifest,
+        dagster_dbt_translator=translator,
+        partitions_def=partitions_def,
+        name=STEP,
+        pool=pool["pool"],
+        op_tags=pool["op_tags"],
+    )
+    def analytics_models(context, warehouse: WarehouseAccess) -> Iterator[Any]:
+        """The models a table they read changed in made again, their tests run."""
+        enter(Phase.LOAD, ANALYTICS)
+        chosen = {key.path[-1] for key in context.selected_asset_keys}
+        results: list[dict[str, Any]] = []
+
+        def on_event(event: Any) -> None:
+            if event.info.name in RESULT_EVENTS:
+                from dbt_common.events.functions import msg_to_dict
+
+                results.append(msg_to_dict(event))
+
+        built = models.build(
+            warehouse.working(tenant_of(context)),
+            project,
+            only=chosen,
+            run_id=context.run.run_id,
+            on_event=on_event,
+            wait=LOCK_WAIT_SECONDS,
+        )
+        for raw in results:
+            for event in DbtCoreCliEventMessage(raw, {}).to_default_asset_events(
+                manifest, translator, context
+            ):
+                yield _with_rows(event, built.built)
+        context.log.info(
+            f"dbt ({project.path.name}): {built.summary()} in {built.seconds} s, "
+            f"{built.cpu_seconds} s of CPU"
+        )
+        if built.failed:
+            raise ModelsFailed(built.failed)
+
+    return analytics_models
+
+
+def _with_rows(event: Any, rows: Mapping[str, int]) -> Any:
+    """A model's materialization, with the rows its table holds."""
+    name = getattr(event, "output_name", "")
+    prefix = model_key("").to_python_identifier()  # "analytics__"
+    model = name[len(prefix) :] if name.startswith(prefix) else None
+    if model not in rows:
+        return event
+    return event.with_metadata({**event.metadata, "rows": MetadataValue.int(rows[model])})
