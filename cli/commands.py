@@ -25,6 +25,7 @@ from warehouse.figures import Figure
 if TYPE_CHECKING:
     from pipelines.webhook import Delivery
     from warehouse.load import EntityStatus
+    from warehouse.models import Health
 
 
 @contextmanager
@@ -110,6 +111,7 @@ def status(args: argparse.Namespace) -> int:
     """The published warehouse, per entity set: what it holds and how its last run ended;
     with a tenants file, each tenant's."""
     from cli.tenants import status_tenants
+    from warehouse import models
     from warehouse.load import status as warehouse_status
 
     if args.tenant or home.tenants_file() is not None:
@@ -126,11 +128,46 @@ def status(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         print(f"no warehouse at {path} yet (WAREHOUSE_PATH); run `clinical-sync sync`")
         return 1
+    found = models.health(path)
     if args.json:
-        print(json.dumps(status_json(states, path), indent=2))
+        print(json.dumps({**status_json(states, path), "models": models_json(found)}, indent=2))
         return 0
     print(status_text(states))
+    if found:
+        print(f"\n{models_table(found)}")
     return 0
+
+
+def models_table(found: Sequence[Health]) -> str:
+    """Per dbt model: its table's rows and build, stale when a table it reads changed since
+    (its build failed, or no run built it), and its last failure while it stands."""
+    rows = [("model", "rows", "built at", "fresh", "changed since built", "failed")]
+    for m in found:
+        rows.append(
+            (
+                m.name,
+                "-" if m.rows is None else f"{m.rows:,}",
+                _when(m.built_at),
+                "STALE" if m.stale else "yes",
+                ", ".join(m.changed_since_built) or "-",
+                (m.failure or "-") if m.failing else "-",
+            )
+        )
+    return format_table(rows)
+
+
+def models_json(found: Sequence[Health]) -> list[dict[str, object]]:
+    return [
+        {
+            "model": m.name,
+            "rows": m.rows,
+            "built_at": m.built_at.isoformat() if m.built_at else None,
+            "stale": m.stale,
+            "changed_since_built": list(m.changed_since_built),
+            "failure": m.failure if m.failing else None,
+        }
+        for m in found
+    ]
 
 
 def status_text(states: Sequence[EntityStatus]) -> str:

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from cli import exit_codes
+from cli.cells import cell
 from cli.commands import format_table, status_text, terminal_progress
 from pipelines import home
 from warehouse.private import private_dir
@@ -112,7 +113,7 @@ def demo(args: argparse.Namespace) -> int:
         _say("\n6. analytics.prescription_claims by category:")
         result = con.execute(ANALYTICS_QUERY)
         names = [d[0] for d in result.description]
-        _say(format_table([names, *[[str(v) for v in r] for r in result.fetchall()]]))
+        _say(format_table([names, *[[cell(v) for v in r] for r in result.fetchall()]]))
     query = TRY_QUERY.format(path=warehouse)
     _say(
         "\nNext:\n"

@@ -16,6 +16,7 @@ from typing import TextIO
 
 import duckdb
 
+from cli.cells import cell
 from pipelines import home
 from warehouse.connection import open_read_only
 
@@ -35,8 +36,9 @@ def connect(path: Path) -> duckdb.DuckDBPyConnection:
 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """An aligned table: text left, numbers right, NULL spelled out; then the row count."""
-    cells = [["NULL" if v is None else str(v) for v in row] for row in rows]
+    """An aligned table: text left, numbers right (decimals without their scale's trailing
+    zeros), NULL spelled out; then the row count."""
+    cells = [[cell(v) for v in row] for row in rows]
     numeric = [
         any(isinstance(row[i], NUMBERS) for row in rows)
         and all(row[i] is None or isinstance(row[i], NUMBERS) for row in rows)

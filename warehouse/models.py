@@ -32,7 +32,7 @@ from connectors.clinical_records.catalogue import BY_TABLE
 from warehouse import dbt_project, ops
 from warehouse.connection import Transaction
 from warehouse.dbt_project import DEFAULT_PROJECT, Project
-from warehouse.ddl import ANALYTICS, CHANGES_TABLE, CLINICAL
+from warehouse.ddl import ANALYTICS, CHANGES_TABLE, CLINICAL, MODEL_HEALTH_VIEW
 from warehouse.ident import qualified
 from warehouse.load import Warehouse
 
@@ -291,3 +291,38 @@ def _record(
                             "failure" = ? WHERE "name" = ?""",
                     [run_id, done.failed[model.name], model.name],
                 )
+
+
+@dataclass(frozen=True)
+class Health:
+    """A model's table as `analytics.model_health` tells it (what `status` shows)."""
+
+    name: str
+    built_at: datetime | None
+    rows: int | None
+    stale: bool
+    changed_since_built: tuple[str, ...]
+    failed_at: datetime | None
+    failure: str | None
+
+    @property
+    def failing(self) -> bool:
+        """Its last build (or a test of severity error) failed after its last good build."""
+        return self.failed_at is not None and (
+            self.built_at is None or self.failed_at > self.built_at
+        )
+
+
+def health(path: str | Path) -> list[Health]:
+    """Every model's health in a warehouse file (read-only); none in a file without the view."""
+    with Warehouse(path, read_only=True) as wh:
+        if not wh.con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE schema_name = ? AND view_name = ?",
+            [ANALYTICS, MODEL_HEALTH_VIEW],
+        ).fetchone()[0]:
+            return []
+        rows = wh.con.execute(
+            "SELECT name, built_at, rows, stale, changed_since_built, failed_at, failure "
+            f"FROM {qualified(ANALYTICS, MODEL_HEALTH_VIEW)} ORDER BY name"
+        ).fetchall()
+    return [Health(n, b, r, s, tuple(c), fa, f) for n, b, r, s, c, fa, f in rows]
