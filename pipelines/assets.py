@@ -8,10 +8,8 @@ graph then shows where the time and the requests go.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -38,8 +36,8 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.client import ClinicalClient
-from pipelines import checks, home
-from pipelines.dbt_assets import build_dbt_assets
+from pipelines import checks
+from pipelines.dbt_assets import build_dbt_assets, configured_project
 from pipelines.documents_asset import build_content_asset
 from pipelines.keys import (
     ANALYTICS_GROUP,
@@ -79,7 +77,7 @@ from sync.state import (
 )
 from sync.strategy import Mode
 from warehouse import ops
-from warehouse.dbt_project import Project, catalog, prepare, project_dir
+from warehouse.dbt_project import Project
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
 from warehouse.publish import publish
@@ -386,10 +384,7 @@ def build_publish_asset(
         )
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         if done.stale_models:
-            context.log.warning(
-                "models older than the tables they read (analytics.model_health): "
-                + ", ".join(done.stale_models)
-            )
+            context.log.warning(f"models older than their tables: {', '.join(done.stale_models)}")
         return MaterializeResult(
             metadata={
                 "path": MetadataValue.path(str(done.path)),
@@ -449,12 +444,6 @@ def build_sync_assets(
     """The entity sets' assets, the models and the documents' files, then their publication."""
     found = build_assets(partitions_def, read_rotation=read_rotation, project=project)
     return [*found, build_publish_asset(found, partitions_def)]
-
-
-def configured_project() -> Project:
-    """The dbt project of CLINICAL_DBT_PROJECT (else transform/), parsed for the catalog name
-    of WAREHOUSE_PATH (a tenant's warehouse of another name gets its own parse, once)."""
-    return prepare(project_dir(os.environ), database=catalog(Path(home.warehouse_path())))
 
 
 def build_reference_checks() -> list[AssetChecksDefinition]:

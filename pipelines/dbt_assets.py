@@ -12,7 +12,9 @@ tested in tests/test_pipelines_models.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetKey, MetadataValue, PartitionsDefinition
@@ -20,6 +22,7 @@ from dagster_dbt import DagsterDbtTranslator, dbt_assets
 from dagster_dbt.core.dbt_cli_event import DbtCoreCliEventMessage
 
 from connectors.clinical_records.catalogue import BY_TABLE
+from pipelines import home
 from pipelines.keys import (
     ANALYTICS_GROUP,
     MODELS_PRIORITY,
@@ -34,7 +37,7 @@ from pipelines.resources import WarehouseAccess
 from sync.phase import Phase, enter
 from sync.state import LOCK_WAIT_SECONDS
 from warehouse import models
-from warehouse.dbt_project import Project, manifest_json
+from warehouse.dbt_project import Project, catalog, manifest_json, prepare, project_dir
 from warehouse.ddl import ANALYTICS, CLINICAL
 from warehouse.errors import ModelsFailed
 
@@ -62,6 +65,12 @@ class Translator(DagsterDbtTranslator):
 
     def get_owners(self, dbt_resource_props: Mapping[str, Any]) -> list[str]:
         return list(OWNERS)
+
+
+def configured_project() -> Project:
+    """The dbt project of CLINICAL_DBT_PROJECT (else transform/), parsed for the catalog name
+    of WAREHOUSE_PATH (a tenant's warehouse of another name gets its own parse, once)."""
+    return prepare(project_dir(os.environ), database=catalog(Path(home.warehouse_path())))
 
 
 def build_dbt_assets(project: Project, partitions_def: PartitionsDefinition | None = None):

@@ -160,6 +160,21 @@ def test_config_errors_name_the_variable_and_exit_2(operator_env, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_dbt_project_that_is_not_one_is_a_configuration_error_before_anything_runs(
+    operator_env, tmp_path
+):
+    (tmp_path / "not-a-project").mkdir()
+    for value in (tmp_path / "missing", tmp_path / "not-a-project"):
+        env = {**operator_env, "CLINICAL_DBT_PROJECT": str(value)}
+        done = run(["sync"], env, tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "CLINICAL_DBT_PROJECT: expected the folder of a dbt project" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert not Path(operator_env["WAREHOUSE_PATH"]).exists()  # nothing ran
+        assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.integration
 def test_rebuild_recreates_a_lost_warehouse_from_the_lake_without_the_api(fresh_sandbox, tmp_path):
     env = env_for(fresh_sandbox, tmp_path)
     synced = run(["sync"], env, tmp_path)

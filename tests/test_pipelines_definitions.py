@@ -64,9 +64,10 @@ def test_dagster_definitions_validate_passes():
     [
         ("CLINICAL_ALERT_WEBHOOK", "http://hooks.example.com/T0/B0/secret-part"),
         ("CLINICAL_NIGHTLY_CRON", "every night"),
+        ("CLINICAL_DBT_PROJECT", "/nowhere/secret-part"),
     ],
 )
-def test_a_bad_webhook_or_schedule_stops_the_code_location_naming_the_variable(variable, value):
+def test_a_bad_setting_stops_the_code_location_naming_the_variable(variable, value):
     done = validate(**{variable: value})
     output = done.stdout + done.stderr
     assert done.returncode != 0

@@ -1,0 +1,129 @@
+"""The dbt project (transform/): its catalogue-made files never drift from the catalogue, its
+sources are every clinical table and column with the spec's meaning, and dbt, as this product
+runs it, sends nothing anywhere."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connectors.clinical_records.catalogue import ALL_ENTITIES
+from tests.warehouse_records import Harness, record
+from warehouse import dbt_catalogue, dbt_project
+from warehouse.schema import CLINICAL_META
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_generated_files_are_what_the_catalogue_makes():
+    for relative, text in dbt_catalogue.generated().items():
+        held = (dbt_project.DEFAULT_PROJECT / relative).read_text(encoding="utf-8")
+        assert held == text, f"{relative}: run `python -m warehouse.dbt_catalogue`"
+
+
+def test_the_sources_are_every_clinical_table_and_column_with_its_meaning():
+    manifest = dbt_project.manifest_json(dbt_project.prepare())
+    sources = {s["name"]: s for s in manifest["sources"].values() if s["source_name"] == "clinical"}
+    assert set(sources) == {e.table for e in ALL_ENTITIES}
+    for entity in ALL_ENTITIES:
+        columns = sources[entity.table]["columns"]
+        expected = {f.name: f.meaning for f in entity.fields}
+        expected |= {name: meaning for name, (_, meaning) in CLINICAL_META.items()}
+        assert {n: c["description"] for n, c in columns.items()} == expected, entity.name
+    tests = [
+        (n["test_metadata"]["name"], n["test_metadata"]["kwargs"]["model"], n.get("column_name"))
+        for n in manifest["nodes"].values()
+        if n["resource_type"] == "test"
+        and all(d.startswith("source.") for d in n["depends_on"]["nodes"])
+    ]
+    keys = [t for t in tests if t[0] == "primary_key"]
+    assert {column for _, _, column in keys} == {"id"} and len(set(keys)) == len(ALL_ENTITIES)
+    references = {(model, column) for name, model, column in tests if name == "relationships"}
+    assert len(references) == len(dbt_catalogue.references())
+    for node in manifest["nodes"].values():
+        if node["resource_type"] == "test" and node["test_metadata"]["name"] == "relationships":
+            assert node["config"]["severity"].lower() == "warn"  # the source has dangling ones
+
+
+def test_the_project_turns_usage_reporting_off():
+    project = yaml.safe_load((dbt_project.DEFAULT_PROJECT / "dbt_project.yml").read_text())
+    assert project["flags"]["send_anonymous_usage_stats"] is False
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[str, list[bytes]]]:
+    """An HTTP proxy on 127.0.0.1 that answers nothing and notes every request for a host."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(20)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    seen.append(conn.recv(300))
+                except OSError:
+                    seen.append(b"?")
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", seen
+    server.close()
+
+
+DIRECT = """
+import sys
+from dbt.cli.main import dbtRunner
+args = ["parse", "--project-dir", sys.argv[1], "--profiles-dir", sys.argv[2],
+        "--target-path", sys.argv[3], "--log-level", "none", "--send-anonymous-usage-stats"]
+assert dbtRunner().invoke(args).success
+"""
+OURS = """
+import sys
+from warehouse import models
+assert models.build(sys.argv[1]).ok
+"""
+
+
+def test_dbt_as_the_product_runs_it_sends_nothing(proxy, tmp_path):
+    """Every request leaves through a proxy that notes it. dbt with its reporting on goes to
+    its collector (so the proxy sees what would be sent); the product's parse and build of
+    the models, with nothing telling dbt to keep quiet but the product, send nothing."""
+    url, seen = proxy
+    env = {
+        **{k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and "DBT" not in k},
+        "HTTPS_PROXY": url,
+        "HTTP_PROXY": url,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # a parse of its own, not a cached one
+        "PYTHONPATH": str(ROOT),
+    }
+    profiles = dbt_project.write_profile(tmp_path / "profile", tmp_path / "warehouse.duckdb")
+    direct = [dbt_project.DEFAULT_PROJECT, profiles, tmp_path / "target"]
+    done = subprocess.run(
+        [sys.executable, "-c", DIRECT, *map(str, direct)], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any(b"CONNECT" in s for s in seen), seen  # the proxy sees dbt's reports
+
+    seen.clear()
+    harness = Harness(tmp_path / "ours")
+    harness.sync(ALL_ENTITIES[0], [record(ALL_ENTITIES[0], 1)])
+    harness.close()
+    done = subprocess.run(
+        [sys.executable, "-c", OURS, str(harness.path)], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert seen == []
