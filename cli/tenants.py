@@ -215,11 +215,16 @@ def sync_all(args: argparse.Namespace) -> int:
     import pandas  # noqa: F401
 
     from pipelines.partitions import keep_in_step
-    from pipelines.runner import sync_definitions
+    from pipelines.runner import models_project, sync_definitions
+    from warehouse.models import warm_up
 
     found = configured()
+    projects = {models_project(os.environ, t.warehouse) for t in found}  # parsed once
+    for project in projects if len(found) > 1 else ():
+        warm_up(project)  # dbt's first build in a process, paid here once
     for rotation in range(min(len(found), len(FAMILIES))):  # built here, not in every child
-        sync_definitions(partitioned=True, read_rotation=rotation)
+        for project in projects:
+            sync_definitions(partitioned=True, read_rotation=rotation, project=project)
     with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)

@@ -29,6 +29,7 @@ from pipelines.runner import SyncReport, sync
 from pipelines.tenants import Secret, Tenant, Tenants
 from tests.sandboxes import serving
 from tests.truth import canonical, live_rows
+from tests.warehouse_records import analytics_rows
 
 NAMES = ("north", "south")
 NIGHT = datetime(2026, 11, 26, 2, 0, tzinfo=UTC)
@@ -144,6 +145,9 @@ def test_each_tenant_syncs_into_its_own_warehouse_and_lake(customers, tenants_fi
         assert Path(tenant.lake, "entity=patients").is_dir()
         with duckdb.connect(str(tenant.warehouse), read_only=True) as con:
             (customer,) = con.execute('SELECT "customer" FROM "ops"."source"').fetchone()
+            # The models were built in the tenant's own working copy, from its own tables.
+            for name, (table, select) in analytics_rows(con).items():
+                assert table == select and table, (tenant.name, name)
         assert customer == tenant.name
 
 
