@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +51,14 @@ def wait_for(url: str, proc: subprocess.Popen, output: Path, timeout: float) -> 
 
 @contextmanager
 def dev_server(
-    tmp_path: Path, timeout: float = 180.0, tenants_file: Path | None = None
+    tmp_path: Path,
+    timeout: float = 180.0,
+    tenants_file: Path | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> Iterator[DevServer]:
     """Start `clinical-sync dev` on free ports, wait until its UI answers; SIGTERM at the end.
-    With `tenants_file`, for its tenants (their services, no sandbox of its own)."""
+    With `tenants_file`, for its tenants (their services, no sandbox of its own); `extra`:
+    more settings (CLINICAL_DBT_PROJECT, say)."""
     ui_port, sandbox_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLINICAL_", "DAGSTER"))}
     env.update(
@@ -64,6 +68,7 @@ def dev_server(
     )
     if tenants_file is not None:
         env["CLINICAL_TENANTS_FILE"] = str(tenants_file)
+    env.update(extra or {})
     output = tmp_path / "dev.out"
     cmd = [CLI, "dev", "--ui-port", str(ui_port), "--port", str(sandbox_port)]
     cmd += ["--scale", "0.05", "--rate", "1000"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -26,16 +25,12 @@ from connectors.clinical_records.catalogue import CLAIMS, ENTITY_SETS
 from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport, sync
 from tests.truth import canonical, live_rows
-from tests.warehouse_records import analytics_rows
-from warehouse.dbt_project import DEFAULT_PROJECT, PROJECT_VARIABLE
+from tests.warehouse_records import PER_BRANCH, analytics_rows, project_copy
+from warehouse.dbt_project import PROJECT_VARIABLE
 
 pytestmark = pytest.mark.e2e
 
 CLI = str(Path(sys.executable).with_name("clinical-sync"))
-PER_BRANCH = (
-    "select billing_branch_id, count(*) as claims "
-    "from {{ source('clinical', 'claims') }} group by 1\n"
-)
 
 
 def environment(server: SandboxServer, root: Path, **extra: str) -> dict[str, str]:
@@ -56,15 +51,6 @@ def run(server: SandboxServer, root: Path, **options: object) -> SyncReport:
         warehouse_path=str(root / "warehouse.duckdb"),
         **options,  # type: ignore[arg-type]
     )
-
-
-def team_project(root: Path, **models: str) -> Path:
-    """A copy of transform/ with more models (`name=SQL`): an analytics team's project."""
-    project = root / "team_models"
-    shutil.copytree(DEFAULT_PROJECT, project, ignore=shutil.ignore_patterns("target", "logs"))
-    for name, sql in models.items():
-        (project / "models" / f"{name}.sql").write_text(sql)
-    return project
 
 
 def query(path: Path, sql: str) -> list[tuple]:
@@ -144,7 +130,7 @@ def test_models_run_after_the_loads_before_the_publication_and_only_when_needed(
 
 
 def test_an_analytics_teams_own_project_is_built_and_published(fresh_sandbox, tmp_path):
-    project = team_project(tmp_path, claims_per_branch=PER_BRANCH)
+    project = project_copy(tmp_path, claims_per_branch=PER_BRANCH)
     report = run(fresh_sandbox, tmp_path, env={PROJECT_VARIABLE: str(project)})
     assert report.success, report.failure
     counted = dict(
@@ -164,10 +150,10 @@ def test_a_model_that_fails_costs_nothing_of_the_nights_clinical_tables(fresh_sa
     """The operator's view: `clinical-sync sync` exits non-zero naming the model; the clinical
     tables publish equal to the source, the other models too; the failed model's last table
     stays, and the published file says it is stale and why."""
-    good = run(fresh_sandbox, tmp_path, env={PROJECT_VARIABLE: str(team_project(tmp_path))})
+    good = run(fresh_sandbox, tmp_path, env={PROJECT_VARIABLE: str(project_copy(tmp_path))})
     assert good.success, good.failure
     advance(fresh_sandbox)
-    project = team_project(
+    project = project_copy(
         tmp_path / "broken", claims_per_branch=PER_BRANCH.replace("count(*)", "count(nope)")
     )
     env = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, EntitySet, Field
-from warehouse.dbt_project import manifest_json, prepare
+from warehouse.dbt_project import DEFAULT_PROJECT, manifest_json, prepare
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
 from warehouse.models import models, select_sql
@@ -132,3 +133,20 @@ def analytics_rows(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[list[str],
         query = con.execute(select_sql(manifest, model)).fetchall()
         out[model.name] = (sorted(map(repr, table)), sorted(map(repr, query)))
     return out
+
+
+def project_copy(root: Path, **models: str) -> Path:
+    """A copy of transform/ with more models (`name=SQL`): an analytics team's own project,
+    for CLINICAL_DBT_PROJECT."""
+    project = root / "team_models"
+    shutil.copytree(DEFAULT_PROJECT, project, ignore=shutil.ignore_patterns("target", "logs"))
+    for name, sql in models.items():
+        (project / "models" / f"{name}.sql").write_text(sql)
+    return project
+
+
+# The analytics team's model of the issue: claims per billing branch.
+PER_BRANCH = (
+    "select billing_branch_id, count(*) as claims "
+    "from {{ source('clinical', 'claims') }} group by 1\n"
+)
