@@ -21,7 +21,9 @@ from pipelines.runner import sync
 from pipelines.webhook import WEBHOOK_VARIABLE
 from tests.connector_helpers import record_tokens
 from tests.test_pipelines_cli import env_for, run
+from tests.warehouse_records import PER_BRANCH, project_copy
 from tests.webhook_receiver import Receiver, webhook_receiver
+from warehouse.dbt_project import PROJECT_VARIABLE
 
 pytestmark = pytest.mark.integration
 
@@ -168,6 +170,26 @@ def test_a_failed_run_sends_one_message_and_keeps_its_exit_status(
     assert fields["failure"]["error"] == "AuthenticationError"
     assert "invalid_client" in fields["failure"]["message"]
     assert "failed in extract_" in message["text"] and "invalid_client" in message["text"]
+
+
+def test_a_failed_model_alerts_naming_it_and_says_the_tables_published(
+    fresh_sandbox, receiver, tmp_path
+):
+    broken = PER_BRANCH.replace("count(*)", "count(nope)")
+    env = {
+        **env_for(fresh_sandbox, tmp_path),
+        WEBHOOK_VARIABLE: receiver.url,
+        PROJECT_VARIABLE: str(project_copy(tmp_path, claims_per_branch=broken)),
+    }
+    done = run(["sync"], env, tmp_path)
+    assert done.returncode == exit_codes.FAILED, done.stderr[-3000:]
+    (message,) = receiver.messages()
+    fields = message["clinical_sync"]
+    assert fields["ending"] == "failed" and fields["published"] is True
+    assert fields["failure"]["error"] == "ModelsFailed"
+    assert fields["failure"]["steps"] == ["analytics_models"]
+    assert "claims_per_branch: build failed: Binder Error" in fields["failure"]["message"]
+    assert "The clinical tables published" in message["text"]
 
 
 def closed_port_url() -> str:
