@@ -15,6 +15,7 @@ and publication after its last), CPU seconds and peak memory per concurrent run,
 those how many tenants one 2-core worker serves in a night. With `--timeline`, also each
 tenant's steps (start after the launch + seconds, from its run's events) and how busy the
 machine's cores were each second: where tenants move in step and the cores idle together.
+Each run's models step (dbt, in the run's process) says what its CPU cost.
 
 Run (the machine is shared: under nice, and say so):
     nice -n 10 .venv/bin/python benchmarks/tenants_parallel.py [--tenants 10] [--scale 1]
@@ -148,6 +149,8 @@ def main() -> None:
             )
             if alone.returncode != 0:
                 raise failure(f"sync --tenant {slowest}", alone)
+            dbt_cpu = models_cpu(together.with_suffix(".dagster"), urls[0])
+            dbt_cpu_alone = models_cpu(alone_file.with_suffix(".dagster"), urls[1])
             sandbox_alone = cpu_seconds(sandbox_proc) - served
             after = {n: len(c["requests"]) for n, c in control.call("customers").items()}
     finally:
@@ -200,6 +203,8 @@ def main() -> None:
             round(min(last - first for first, last, _ in active.values()), 1),
             round(max(last - first for first, last, _ in active.values()), 1),
         ],
+        "models_step_cpu_s_per_run": dbt_cpu,
+        "models_step_cpu_s_alone": dbt_cpu_alone,
         "cpu_s_total": run.cpu_seconds,
         "cpu_s_per_run": round(cpu_per_run, 1),
         "cpu_s_alone": alone.cpu_seconds,
@@ -254,6 +259,28 @@ def print_timeline(
                     steps.append(f"{entry.step_key} {begun:.1f}+{at - begun:.1f}")
             print(f"  {found.tags.get(PARTITION_TAG, found.run_id)}: " + ", ".join(steps))
     print("cores busy, % each second: " + " ".join(f"{b:.0f}" for b in busy))
+
+
+def models_cpu(home: Path, postgres_url: str | None) -> list[float]:
+    """Each run's models step (dbt in process): its CPU seconds, as its materializations say."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    from pipelines.dbt_assets import BUILD_CPU_SECONDS
+
+    if postgres_url is not None:
+        os.environ[POSTGRES_VARIABLE] = postgres_url
+    found = []
+    with DagsterInstance.from_config(str(home)) as instance:
+        for run in instance.get_runs():
+            spent = [
+                entry.asset_materialization.metadata[BUILD_CPU_SECONDS].value
+                for entry in instance.all_logs(
+                    run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION
+                )
+                if BUILD_CPU_SECONDS in entry.asset_materialization.metadata
+            ]
+            found.append(round(max(spent), 2) if spent else 0.0)
+    return sorted(found)
 
 
 def cpu_seconds(process: psutil.Process) -> float:

@@ -44,6 +44,7 @@ from warehouse.errors import ModelsFailed
 # dbt's events that say how a node ended: what Dagster's materializations and checks come from.
 RESULT_EVENTS = frozenset({"LogModelResult", "LogTestResult", "LogSeedResult", "LogSnapshotResult"})
 STEP = "analytics_models"
+BUILD_SECONDS, BUILD_CPU_SECONDS = "build_seconds", "build_cpu_seconds"
 
 
 class Translator(DagsterDbtTranslator):
@@ -111,7 +112,7 @@ def build_dbt_assets(project: Project, partitions_def: PartitionsDefinition | No
             for event in DbtCoreCliEventMessage(raw, {}).to_default_asset_events(
                 manifest, translator, context
             ):
-                yield _with_rows(event, built.built)
+                yield _with_figures(event, built)
         context.log.info(
             f"dbt ({project.path.name}): {built.summary()} in {built.seconds} s, "
             f"{built.cpu_seconds} s of CPU"
@@ -122,11 +123,17 @@ def build_dbt_assets(project: Project, partitions_def: PartitionsDefinition | No
     return analytics_models
 
 
-def _with_rows(event: Any, rows: Mapping[str, int]) -> Any:
-    """A model's materialization, with the rows its table holds."""
+def _with_figures(event: Any, built: models.Built) -> Any:
+    """A model's materialization with the rows its table holds, and what the step's build
+    cost (every model alike: one dbt command builds them all)."""
     name = getattr(event, "output_name", "")
     prefix = model_key("").to_python_identifier()  # "analytics__"
     model = name[len(prefix) :] if name.startswith(prefix) else None
-    if model not in rows:
+    if model not in built.built:
         return event
-    return event.with_metadata({**event.metadata, "rows": MetadataValue.int(rows[model])})
+    figures = {
+        "rows": MetadataValue.int(built.built[model]),
+        BUILD_SECONDS: MetadataValue.float(built.seconds),
+        BUILD_CPU_SECONDS: MetadataValue.float(built.cpu_seconds),
+    }
+    return event.with_metadata({**event.metadata, **figures})
