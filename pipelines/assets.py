@@ -64,7 +64,7 @@ from pipelines.resources import (
     WarehouseAccess,
 )
 from sync.budget import parse_budget, set_staleness, staleness_figure
-from sync.extract import Extraction
+from sync.extract import Extraction, LakeBatches
 from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
 from sync.phase import Phase, enter
@@ -227,7 +227,7 @@ def build_extract_asset(
                 family,
                 inputs,
                 client,
-                the_lake,
+                LakeBatches(the_lake),
                 run_id=context.run.run_id,
                 progress=current(context.log.info),
                 memory=memory,

@@ -11,7 +11,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import uuid4
 
 import pyarrow as pa
@@ -168,6 +168,23 @@ class BatchWriter:
         self.files.append(str(path))
 
 
+class Batches(Protocol):
+    """Where an extraction's records go: the lake (`LakeBatches`), or, in the simulation of
+    whole runs (tests/simulation), memory that a model of the warehouse loads from."""
+
+    def writer(self, plan: Plan, run_id: str, previous_watermark: str | None) -> BatchWriter: ...
+
+
+@dataclass(frozen=True)
+class LakeBatches:
+    """Lake batches: normalised, written as Parquet (`BatchWriter`)."""
+
+    lake: Lake
+
+    def writer(self, plan: Plan, run_id: str, previous_watermark: str | None) -> BatchWriter:
+        return BatchWriter(self.lake, plan, run_id, previous_watermark)
+
+
 @dataclass
 class KeyRange:
     """A RANGE plan's key range, [low, high): `range_pages` pages of the keys the warehouse
@@ -219,7 +236,7 @@ def record_writer(result: Extraction, writer: BatchWriter, fetched: int) -> None
 def extract(
     plan: Plan,
     client: ClinicalClient,
-    lake: Lake,
+    batches: Batches,
     *,
     run_id: str,
     previous_watermark: str | None,
@@ -238,7 +255,7 @@ def extract(
     started = time.monotonic()
     with client.stats.measure(result.stats):  # its own cost, on a client it may share
         enter(Phase.EXTRACT, entity.name)
-        writer = BatchWriter(lake, plan, run_id, previous_watermark)
+        writer = batches.writer(plan, run_id, previous_watermark)
         reconciler = None
         if plan.moves_watermark:  # a backfill reads a date range, not the set
             reconciler = Reconciler(entity, client, to_batch=writer.add, held=held)
