@@ -177,8 +177,7 @@ def _packed_read(
         result = Extraction(root.name, root_input.plan.mode, root_input.plan.reason, run_id)
         if root_reconciler:
             with client.stats.measure(spent[root.name]):
-                result.reconciliation = root_reconciler.finish()
-            result.source_total = root_reconciler.total
+                result.reconciled(root_reconciler, root_reconciler.finish())
         assert root_writer is not None
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
         record_writer(result, root_writer, len(parents))

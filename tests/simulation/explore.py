@@ -30,11 +30,14 @@ class Outcome:
         return "\n  ".join([*lines, "replay: " + REPLAY.format(seed=self.seed)])
 
 
-def play(seed: int, backend: str = "model") -> tuple[Outcome, list[Verdict]]:
-    """One seed's world, played and judged after every run that was not killed."""
+def play(
+    seed: int, backend: str = "model", *, settle_at_end: bool = True
+) -> tuple[Outcome, list[Verdict]]:
+    """One seed's world, played and judged after every run that was not killed;
+    `settle_at_end`: False leaves out the run's end (sync/settle.py), as the engine was."""
     logging.disable(logging.WARNING)
     scenario = Scenario.of(seed)
-    world = World(scenario, backend)
+    world = World(scenario, backend, settle_at_end=settle_at_end)
     verdicts: list[Verdict] = []
     try:
         for run in world.play():

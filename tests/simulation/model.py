@@ -20,45 +20,42 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
-from connectors.clinical_records.catalogue import Canonical, Edm, EntitySet
+import pyarrow as pa
+
+from connectors.clinical_records.catalogue import Canonical, EntitySet
 from connectors.clinical_records.keys import entity_key
 from sync.budget import Coverage
 from sync.strategy import Plan, SyncState, watermark_of
+from warehouse.converters import CONVERTERS, to_timestamptz
 
 _serial = itertools.count()
 
 
-def cursor_value(entity: EntitySet, record: dict) -> datetime | date | None:
-    """The change cursor as the merge orders by it (a text cursor, no format stated, does
-    not order: None), parsed as the normaliser would."""
+def cursor_values(entity: EntitySet, records: list[dict]) -> list[datetime | date | None]:
+    """The change cursor of each record as the merge orders by it, converted as the
+    normaliser converts it (every form the spec's type allows; None where it does not fit,
+    and for a text cursor, which does not order: no format stated)."""
     name = entity.cursor
     if name is None or entity.field(name).canonical is Canonical.VARCHAR:
-        return None
-    value = record.get(name)
-    if not isinstance(value, str):
-        return None
-    try:
-        if entity.field(name).type is Edm.DATE:
-            return date.fromisoformat(value)
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return moment.astimezone(UTC) if moment.tzinfo else None
+        return [None] * len(records)
+    return _as_canonical(entity, name, records)
 
 
-def _watermark_cursor(entity: EntitySet, record: dict) -> datetime | date | None:
-    """The cursor as the watermark weighs it: a text cursor as the instant it names."""
+def _as_canonical(entity: EntitySet, name: str, records: list[dict]) -> list[Any]:
+    fld = entity.field(name)
+    sent = pa.array([r.get(name) if isinstance(r.get(name), str) else None for r in records])
+    return CONVERTERS[fld.canonical](sent, fld).values.to_pylist()
+
+
+def _watermark_cursors(entity: EntitySet, records: list[dict]) -> list[Any]:
+    """The cursor as the watermark weighs it: a text cursor too, as the instant it names."""
     name = entity.cursor
-    if name is None:
-        return None
+    if name is None or not records:
+        return []
     if entity.field(name).canonical is not Canonical.VARCHAR:
-        return cursor_value(entity, record)
-    value = record.get(name)
-    try:
-        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    return moment.astimezone(UTC) if moment is not None and moment.tzinfo else None
+        return _as_canonical(entity, name, records)
+    sent = pa.array([r.get(name) if isinstance(r.get(name), str) else None for r in records])
+    return to_timestamptz(sent, entity.field(name)).values.to_pylist()
 
 
 class RawWriter:
@@ -84,7 +81,7 @@ class RawWriter:
         self.deletes = deletes or []
         self.rejected = sum(1 for r in self.records if self.key(r) is None)
         if self.plan.moves_watermark:
-            cursors = [_watermark_cursor(self.entity, r) for r in self.records]
+            cursors = _watermark_cursors(self.entity, self.records)
             highest = max((c for c in cursors if c is not None), default=None)
             self.watermark = watermark_of(
                 self.entity, [highest], self.previous, ceiling=self.extracted_at
@@ -155,11 +152,11 @@ class ModelWarehouse:
         table = self.tables.setdefault(entity.name, {})
         newest: dict[Any, tuple[tuple, Version]] = {}
         for writer in sorted(writers, key=lambda w: (w.extracted_at, w.order)):
-            for row, record in enumerate(writer.records):
+            cursors = cursor_values(entity, writer.records) if writer.records else []
+            for row, (record, cursor) in enumerate(zip(writer.records, cursors, strict=True)):
                 key = writer.key(record)
                 if key is None:
                     continue
-                cursor = cursor_value(entity, record)
                 rank = (
                     cursor is not None,
                     _sortable(cursor),

@@ -4,9 +4,13 @@ A set's last look is the last request of the run whose answer reflected it (aske
 expanded into another set's page, or counted per parent): if the engine is right, that is
 the look it settled the set by, and the set equals the service's data as that request was
 answered. A set the run calls exact must equal it; a set it does not must differ by no more
-records than it reports. Where a set cannot see an update to a record already read (no
-`updated_at`, or only its date: `reconcile_mark.blind_spot`), a record may hold any version
-the service had during the run; its keys must still be exact.
+records than it reports. What the run declares it could not see in a set (its
+reconciliation's `blind_to`: none where the last look brought the whole set) is excused,
+and nothing else: where it cannot see an update to a record already read (no
+`updated_at`, or only its date), a record may hold any version the service had during the
+run; where it has no change cursor, a key inserted during the run may be missing as long as
+as many held keys are extra that the service had during the run (the pair cancels in every
+count).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.clinical_records.catalogue import ENTITY_SETS, Edm, EntitySet
-from sync.reconcile_mark import blind_spot
+from sync.reconcile_mark import Blind
 from tests.simulation.backends import Backend
 from tests.simulation.service import Journal
 from tests.simulation.world import RunResult
@@ -31,10 +35,11 @@ class Verdict:
     missing: list[Any] = field(default_factory=list)  # at the service, not held
     extra: list[Any] = field(default_factory=list)  # held, not at the service
     differ: list[Any] = field(default_factory=list)  # held in another version
+    excused: int = 0  # of those, differences within the set's declared blind spot
 
     @property
     def differences(self) -> int:
-        return len(self.missing) + len(self.extra) + len(self.differ)
+        return len(self.missing) + len(self.extra) + len(self.differ) - self.excused
 
     @property
     def silent(self) -> bool:
@@ -43,8 +48,9 @@ class Verdict:
 
     def __str__(self) -> str:
         called = "exact" if self.reported == 0 else f"not exact by {self.reported}"
+        excused = f", {self.excused} more within its blind spot" if self.excused else ""
         return (
-            f"{self.run}: {self.entity} called {called}, differs by {self.differences} "
+            f"{self.run}: {self.entity} called {called}, differs by {self.differences}{excused} "
             f"(missing {self.missing[:5]}, extra {self.extra[:5]}, other version {self.differ[:5]})"
         )
 
@@ -60,17 +66,35 @@ def judge(run: RunResult, journal: Journal, backend: Backend) -> list[Verdict]:
         last = next((s for s in reversed(served) if entity.name in s.touched), None)
         assert last is not None, f"{entity.name} read without a request"
         truth = backend.expected(entity, list(last.truth.sets[entity.name].values()))
-        versions = _run_versions(entity, served[run.first_request :])
-        held = backend.held(entity)
-        verdicts.append(_compare(run.kind, entity, reported, held, truth, versions, backend))
+        during = served[run.first_request :]
+        verdict = _compare(run.kind, entity, reported, backend.held(entity), truth)
+        _excuse(verdict, entity, run.blind(entity.name), during, backend)
+        verdicts.append(verdict)
     return verdicts
 
 
-def _run_versions(entity: EntitySet, served: list) -> dict[Any, list[dict]] | None:
-    """Every version (as sent) of every record the service held while the run read, by
-    key, where the set cannot see an update to a record already read; None where it can."""
-    if not blind_spot(entity):
-        return None
+def _excuse(
+    verdict: Verdict, entity: EntitySet, blind: frozenset[Blind], during: list, backend: Backend
+) -> None:
+    """Count the differences the run declared it could not see in the set."""
+    if not blind or not during:
+        return
+    versions = _run_versions(entity, during)
+    if blind & {Blind.UPDATES, Blind.SAME_DAY}:
+        held = backend.held(entity)
+        for key in verdict.differ:
+            sent = versions.get(_as_sent(entity, key), [])
+            if any(held[key] in backend.expected(entity, [v]).values() for v in sent):
+                verdict.excused += 1
+    if Blind.PAIRS in blind:
+        at_start = during[0].truth.sets[entity.name]
+        inserted = [k for k in verdict.missing if _as_sent(entity, k) not in at_start]
+        existed = [k for k in verdict.extra if _as_sent(entity, k) in versions]
+        verdict.excused += 2 * min(len(inserted), len(existed))
+
+
+def _run_versions(entity: EntitySet, served: list) -> dict[Any, list[dict]]:
+    """Every version (as sent) of every record the service held while the run read, by key."""
     tables = {id(t): t for t in (one.truth.sets[entity.name] for one in served)}
     versions: dict[Any, list[dict]] = {}
     for table in tables.values():
@@ -92,18 +116,11 @@ def _compare(
     reported: int,
     held: dict[Any, dict],
     truth: dict[Any, dict],
-    versions: dict[Any, list[dict]] | None,
-    backend: Backend,
 ) -> Verdict:
     verdict = Verdict(run, entity.name, reported)
     verdict.missing = sorted((k for k in truth if k not in held), key=str)
     verdict.extra = sorted((k for k in held if k not in truth), key=str)
-    for key, row in held.items():
-        if key not in truth or row == truth[key]:
-            continue
-        sent = versions.get(_as_sent(entity, key), []) if versions is not None else []
-        if any(row in backend.expected(entity, [version]).values() for version in sent):
-            continue
-        verdict.differ.append(key)
-    verdict.differ.sort(key=str)
+    verdict.differ = sorted(
+        (k for k, row in held.items() if k in truth and row != truth[k]), key=str
+    )
     return verdict

@@ -44,6 +44,8 @@ class Served:
     status: int
     truth: Truth  # the data as it stood when the service answered
     patient: str | None = None  # a listing of one patient's documents
+    path: str = ""
+    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -185,7 +187,9 @@ class InProcessService(httpx.BaseTransport):
         else:
             touched = touched_sets(entity, params)
         number = len(self.journal.served)
-        self.journal.served.append(Served(number, touched, status, self._truth(), patient))
+        self.journal.served.append(
+            Served(number, touched, status, self._truth(), patient, resource, params)
+        )
 
     def _truth(self) -> Truth:
         """The data as it stands, copied only when it changed since the last copy."""

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 
-from connectors.clinical_records.catalogue import FAMILIES, EntitySet
+from connectors.clinical_records.catalogue import ALL_BY_NAME, FAMILIES, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.settings import Settings
-from connectors.clinical_records.transport import Wire
+from connectors.clinical_records.transport import Look, Wire
 from connectors.sandbox.app import Sandbox
 from connectors.sandbox.config import SandboxConfig, ScriptedDrift
 from sync import phase
@@ -32,7 +32,9 @@ from sync.extract import Extraction
 from sync.inputs import set_inputs
 from sync.packed import extract_family
 from sync.progress import Progress
+from sync.reconcile_mark import Blind
 from sync.service_memory import ServiceMemory
+from sync.settle import Settlement, settle
 from sync.strategy import Mode, Options
 from tests.simulation.backends import BACKENDS, Backend
 from tests.simulation.pool import Scheduler, SimPool
@@ -181,6 +183,7 @@ class RunResult:
     kind: str
     killed: bool = False
     extractions: dict[str, Extraction] = field(default_factory=dict)
+    settlement: Settlement = field(default_factory=Settlement)
     first_request: int = 0  # the journal's number of the run's first answer
     last_request: int = 0
 
@@ -189,14 +192,22 @@ class RunResult:
         extraction = self.extractions.get(name)
         if extraction is None or extraction.mode is Mode.SKIP:
             return None
-        return extraction.reconciliation.unreconciled
+        return self.settlement.reconciliation(name, extraction.reconciliation).unreconciled
+
+    def blind(self, name: str) -> frozenset[Blind]:
+        """What the run declared it could not see in the set (at its last look)."""
+        extraction = self.extractions[name]
+        found = self.settlement.reconciliation(name, extraction.reconciliation)
+        return frozenset(Blind[b] for b in found.blind_to)
 
 
 class World:
     """A seed's sandbox, lake and warehouse under a temporary folder, and its runs."""
 
-    def __init__(self, scenario: Scenario, backend: str = "model") -> None:
-        self.scenario = scenario
+    def __init__(
+        self, scenario: Scenario, backend: str = "model", *, settle_at_end: bool = True
+    ) -> None:
+        self.scenario, self.settle_at_end = scenario, settle_at_end
         self.root = Path(tempfile.mkdtemp(prefix=f"sim-{scenario.seed}-"))
         self.backend: Backend = BACKENDS[backend](self.root)
         self.clock = SimClock(step=0.01)
@@ -260,12 +271,15 @@ class World:
         options = Options(full=kind == "full")
         if number == 0 and not resumed:
             self.sandbox.configure(drift_script=self.scenario.drift_script())
+        looks: list[Look] = []
         try:
             for place in self.scenario.family_order:
                 family = FAMILIES[place]
-                extractions = self._extract(family, options, run_id)
+                extractions = self._extract(family, options, run_id, looks)
                 result.extractions.update(extractions)
-                self._load(family, extractions, run_id)
+                self._load(family, extractions)
+            if self.settle_at_end:
+                result.settlement = self._settle(result.extractions, looks, run_id)
         except Killed:
             result.killed = True
             self.scheduler.pending.clear()
@@ -273,28 +287,51 @@ class World:
         return result
 
     def _extract(
-        self, family: tuple[EntitySet, ...], options: Options, run_id: str
+        self, family: tuple[EntitySet, ...], options: Options, run_id: str, looks: list[Look]
     ) -> dict[str, Extraction]:
         with self.backend.committed() as committed:
             inputs = set_inputs(family, committed, options)
         self.lake.record_source(self.settings.base_url, self.settings.customer)
         memory = ServiceMemory(self.lake.root, retry_after=options.snapshot_every)
-        limiter = _Turns(self.scheduler)
-        with ClinicalClient(self.settings, limiter=limiter, wire=self.wire) as client:
-            return extract_family(
-                family,
-                inputs,
+        with self._client() as client:
+            try:
+                return extract_family(
+                    family,
+                    inputs,
+                    client,
+                    self.backend.batches,
+                    run_id=run_id,
+                    progress=Progress(),
+                    memory=memory,
+                    say=_Quiet(),
+                )
+            finally:
+                looks += client.stats.looks
+
+    def _client(self) -> ClinicalClient:
+        return ClinicalClient(self.settings, limiter=_Turns(self.scheduler), wire=self.wire)
+
+    def _settle(
+        self, extractions: dict[str, Extraction], looks: list[Look], run_id: str
+    ) -> Settlement:
+        """The run's end: each set touched after its last look is looked at again, loaded."""
+        with self.backend.committed() as committed, self._client() as client:
+            found = settle(
+                {n: e.last_look for n, e in extractions.items() if e.last_look is not None},
+                {n: e.mark for n, e in extractions.items()},
+                looks,
+                committed,
                 client,
                 self.backend.batches,
                 run_id=run_id,
-                progress=Progress(),
-                memory=memory,
                 say=_Quiet(),
             )
+        for name, again in found.again.items():
+            for extraction in again:
+                self.backend.load(ALL_BY_NAME[name], extraction)
+        return found
 
-    def _load(
-        self, family: tuple[EntitySet, ...], extractions: dict[str, Extraction], run_id: str
-    ) -> None:
+    def _load(self, family: tuple[EntitySet, ...], extractions: dict[str, Extraction]) -> None:
         for entity in family:
             extraction = extractions[entity.name]
             if extraction.mode is not Mode.SKIP:
