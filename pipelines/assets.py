@@ -349,7 +349,7 @@ def build_load_asset(
                     **{figure: getattr(result, name) for figure, name in LOAD_FIGURES.items()},
                     **api_metadata(extraction),
                     **run_figures(extraction.reconciliation),  # `unreconciled` among them
-                    **extraction.reconciliation.figures(),
+                    **extraction.reconciliation.metadata(),  # what it could not see, too
                     Figure.SOURCE_STALENESS_HOURS: staleness,
                     "watermark": watermark or "",
                     "lake_files_written": len(extraction.files),

@@ -4,6 +4,7 @@ the command that replays it."""
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -62,10 +63,12 @@ def explore(seeds: Iterable[int], workers: int = 1) -> list[Outcome]:
     else:
         pool = ProcessPoolExecutor(workers)
         outcomes = pool.map(_outcome, seeds, chunksize=4)
-    for outcome in outcomes:
+    for done, outcome in enumerate(outcomes, 1):
         if outcome.failed:
             print(outcome, flush=True)
             failures.append(outcome)
+        if done % 100 == 0:
+            print(f"{done} seeds played, {len(failures)} failed", file=sys.stderr, flush=True)
     return failures
 
 
