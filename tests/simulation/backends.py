@@ -52,6 +52,9 @@ class ModelBackend:
     def __init__(self, root: Path) -> None:
         self.batches = MemoryBatches()
         self.warehouse = ModelWarehouse()
+        # The store replaces a record on every change, never edits one: a record's JSON is
+        # made once (the record is kept, so its id is not reused).
+        self._sent: dict[int, tuple[dict, dict]] = {}
 
     @contextlib.contextmanager
     def committed(self) -> Iterator[ModelWarehouse]:
@@ -69,8 +72,10 @@ class ModelBackend:
     def expected(self, entity: EntitySet, records: list[dict]) -> dict[Any, Any]:
         out = {}
         for record in records:
-            sent = as_sent(record)
-            out[sent.get(entity.key)] = sent
+            known = self._sent.get(id(record))
+            if known is None:
+                known = self._sent[id(record)] = (record, as_sent(record))
+            out[known[1].get(entity.key)] = known[1]
         return {entity_key(entity, k): v for k, v in out.items()}
 
 

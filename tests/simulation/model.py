@@ -42,9 +42,36 @@ def cursor_values(entity: EntitySet, records: list[dict]) -> list[datetime | dat
 
 
 def _as_canonical(entity: EntitySet, name: str, records: list[dict]) -> list[Any]:
+    """Each value as the normaliser's converter makes it; the common ISO forms parsed here
+    first (the converter's slow path costs milliseconds for the forms it alone reads)."""
     fld = entity.field(name)
-    sent = pa.array([r.get(name) if isinstance(r.get(name), str) else None for r in records])
-    return CONVERTERS[fld.canonical](sent, fld).values.to_pylist()
+    found: list[Any] = []
+    odd: list[int] = []
+    for i, record in enumerate(records):
+        value = record.get(name)
+        found.append(_iso(value, fld.canonical) if isinstance(value, str) else None)
+        if isinstance(value, str) and found[-1] is None:
+            odd.append(i)
+    if odd:
+        sent = pa.array([records[i][name] for i in odd], pa.string())
+        for i, value in zip(
+            odd, CONVERTERS[fld.canonical](sent, fld).values.to_pylist(), strict=True
+        ):
+            found[i] = value
+    return found
+
+
+def _iso(text: str, kind: Canonical) -> datetime | date | None:
+    """The plain ISO forms (a date; seconds, up to six fractional digits, Z or an offset)."""
+    try:
+        if kind is Canonical.DATE:
+            return date.fromisoformat(text) if len(text) == 10 else None
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None or not text[:4].isdigit() or "T" not in text:
+        return None
+    return moment.astimezone(UTC)
 
 
 def _watermark_cursors(entity: EntitySet, records: list[dict]) -> list[Any]:
