@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.clinical_records.catalogue import ENTITY_SETS, Edm, EntitySet
+from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS, Edm, EntitySet
 from sync.reconcile_mark import Blind
-from tests.simulation.backends import Backend
+from tests.simulation.backends import Backend, as_sent
 from tests.simulation.service import Journal
 from tests.simulation.world import RunResult
 
@@ -70,7 +70,35 @@ def judge(run: RunResult, journal: Journal, backend: Backend) -> list[Verdict]:
         verdict = _compare(run.kind, entity, reported, backend.held(entity), truth)
         _excuse(verdict, entity, run.blind(entity.name), during, backend)
         verdicts.append(verdict)
+    if run.reported(DOCUMENTS.name) is not None:
+        verdicts.append(_documents(run, served, backend))
     return verdicts
+
+
+def _documents(run: RunResult, served: list, backend: Backend) -> Verdict:
+    """Each patient's documents against the service's at the last request that showed them
+    (the patient's page with its documents expanded, or their listing): documents have no
+    set to count, so their claim is per patient."""
+    verdict = Verdict(run.kind, DOCUMENTS.name, run.reported(DOCUMENTS.name) or 0)
+    last: dict[str, Any] = {}
+    for one in served[run.first_request :]:
+        for patient in one.patients:
+            last[patient] = one
+    held: dict[str, set[tuple]] = {}
+    for record in backend.held(DOCUMENTS).values():
+        held.setdefault(str(record.get("patient_id")), set()).add(_document(record))
+    for patient, one in last.items():
+        want = {_document(as_sent(dict(m))) for m in one.truth.documents.get(patient, ())}
+        have = held.get(patient, set())
+        verdict.missing += sorted(d[0] for d in want - have if d[0] not in {h[0] for h in have})
+        verdict.extra += sorted(d[0] for d in have - want if d[0] not in {w[0] for w in want})
+        verdict.differ += sorted(d[0] for d in have - want if d[0] in {w[0] for w in want})
+    return verdict
+
+
+def _document(record: dict) -> tuple:
+    """A document's metadata as one comparable value, its id first."""
+    return (str(record.get("id")), *sorted((k, str(v)) for k, v in record.items() if k != "id"))
 
 
 def _excuse(

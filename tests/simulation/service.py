@@ -10,6 +10,7 @@ it answered (`Truth`), which is what a set called exact must equal.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ class Served:
     touched: frozenset[str]  # sets whose records or counts the answer reflects
     status: int
     truth: Truth  # the data as it stood when the service answered
-    patient: str | None = None  # a listing of one patient's documents
+    patients: frozenset[str] = frozenset()  # whose documents the answer showed
     path: str = ""
     params: dict[str, str] = field(default_factory=dict)
 
@@ -122,7 +123,7 @@ class InProcessService(httpx.BaseTransport):
         dropped = self.loop.run_until_complete(self._run(request, body, sent))
         if dropped:
             raise httpx.RemoteProtocolError("the sandbox dropped the connection", request=request)
-        self._note(request, sent["status"])
+        self._note(request, sent["status"], sent["body"])
         return httpx.Response(
             sent["status"],
             headers=[(k.decode(), v.decode()) for k, v in sent["headers"]],
@@ -167,7 +168,7 @@ class InProcessService(httpx.BaseTransport):
             return True
         return False
 
-    def _note(self, request: httpx.Request, status: int) -> None:
+    def _note(self, request: httpx.Request, status: int, body: bytes) -> None:
         """A successful answer to an entity set or a listing of documents, with the data it
         reflects."""
         path = urlsplit(str(request.url)).path
@@ -179,16 +180,20 @@ class InProcessService(httpx.BaseTransport):
         entity = ALL_BY_NAME.get(name)
         if entity is None:
             return
-        patient = None
+        patients: frozenset[str] = frozenset()
         if rest.endswith(")/" + DOCUMENTS.name):
-            touched, patient = frozenset({DOCUMENTS.name}), rest[: -len(")/" + DOCUMENTS.name)]
+            touched = frozenset({DOCUMENTS.name})
+            patients = frozenset({rest[: -len(")/" + DOCUMENTS.name)]})
         elif rest and "/" in rest:
             return  # one document, or its content: no look at a set
         else:
             touched = touched_sets(entity, params)
+            if DOCUMENTS.name in touched and status == 200:  # patients with their documents
+                records = json.loads(body).get("value", [])
+                patients = frozenset(str(r.get("id")) for r in records)
         number = len(self.journal.served)
         self.journal.served.append(
-            Served(number, touched, status, self._truth(), patient, resource, params)
+            Served(number, touched, status, self._truth(), patients, resource, params)
         )
 
     def _truth(self) -> Truth:
