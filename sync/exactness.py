@@ -71,7 +71,7 @@ def unsettled(last_looks: Mapping[str, LastLook], looks: Iterable[Look]) -> dict
 class Looking:
     """A `Source` under the rule that a response is a look: every record of the set that an
     answer carries (whole records: no `$select`), whatever the request was for, is handed to
-    the ledger (`Ledger.add_to_batch`, which keeps each version once), so none is dropped.
+    the ledger (`Ledger.seen`, which keeps each version once), so none is dropped.
     Every job of a reconciliation asks through it."""
 
     def __init__(self, source: Source, ledger: Ledger) -> None:
@@ -88,10 +88,10 @@ class Looking:
     def page(self, query: Query) -> dict[str, Any]:
         envelope = self.source.page(query)
         if query.entity is self.entity and query.select is None:
-            self.ledger.add_to_batch(envelope["value"])
+            self.ledger.seen(envelope["value"])
         return envelope
 
     def by_key(self, keys: Sequence[Any]) -> list[dict | None]:
         found = self.source.by_key(keys)
-        self.ledger.add_to_batch([record for record in found if record is not None])
+        self.ledger.seen([record for record in found if record is not None])
         return found

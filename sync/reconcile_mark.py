@@ -102,6 +102,7 @@ class ChangeMark:
         self.whole = False  # the last probe's answer held the whole set: it hides nothing
         self.ceiling = datetime.now(UTC) + SENTINEL_AHEAD
         ledger.watchers.append(self._note_versions)
+        ledger.knowers.append(self._known)
 
     def begin(self, *, counted: bool = False) -> None:
         """The change mark, before the read: every later write sorts at or after it. The
@@ -220,6 +221,15 @@ class ChangeMark:
             return False
         held = self.window.get(key) if key in self.ledger.held else None
         return held is None or held[1] != fingerprint(record)
+
+    def _known(self, record: dict) -> bool:
+        """A version the batch has: noted at or after the mark (the read's, or re-read), or
+        older than the mark in a set whose every write moves its cursor (the version read)."""
+        if self.cursor is None or (key := self.ledger.key(record)) is None:
+            return False
+        if key in self.window:
+            return self.window[key][1] == fingerprint(record)
+        return self.entity.sees_updates and key in self.ledger.held and not self._since_mark(record)
 
     def _since_mark(self, record: dict) -> bool:
         if self.mark is None:
