@@ -68,7 +68,10 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/run_all.py
 
+# The simulation's 20,000 seeds (SOAK_SEEDS), then the reliability suite at 10x its CI size.
+SOAK_SEEDS ?= 0:20000
 soak: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m tests.simulation --seeds $(SOAK_SEEDS) --workers $(TEST_WORKERS)
 	CLINICAL_SOAK=1 $(BIN)/python -m pytest -m reliability
 
 clean:

@@ -230,7 +230,8 @@ def reference(ctx: Context, fld: Field) -> Column:
     written as this field's own JSON type: the string/number mismatch of the spec."""
     assert fld.key is not None
     if fld.key in HOME:
-        return pick(ctx.rng, joinable(parent_keys(ctx, fld), fld), ctx.n)
+        parents = joinable(parent_keys(ctx, fld), fld)
+        return pick(ctx.rng, parents, ctx.n) if parents else [None] * ctx.n  # all deleted
     pool: list = (
         list(range(1, 400))
         if fld.key in cat.NUMERIC_KEYS
@@ -240,13 +241,18 @@ def reference(ctx: Context, fld: Field) -> Column:
     return pick(ctx.rng, [kind(v) for v in pool], ctx.n)
 
 
+SENTENCE_LENGTHS = [k for k in range(1, 9) for _ in range(64)]
+
+
 def text_for(ctx: Context, fld: Field) -> Column:
-    for hint, pool in TEXT_HINTS:
-        if hint in fld.name:
-            values = pick(ctx.rng, pool, ctx.n)
-            break
-    else:
-        sentences = [" ".join(pick(ctx.rng, WORDS, k)) for k in range(1, 9) for _ in range(64)]
+    hinted = next((pool for hint, pool in TEXT_HINTS if hint in fld.name), None)
+    if hinted is not None:
+        values = pick(ctx.rng, hinted, ctx.n)
+    elif ctx.n < len(SENTENCE_LENGTHS):  # a few records (drift): a sentence each
+        lengths = ctx.rng.integers(1, 9, ctx.n).tolist()
+        values = [" ".join(pick(ctx.rng, WORDS, k)) for k in lengths]
+    else:  # a pool of sentences to draw from: many records cost a fixed number of draws
+        sentences = [" ".join(pick(ctx.rng, WORDS, k)) for k in SENTENCE_LENGTHS]
         values = pick(ctx.rng, sentences, ctx.n)
     if fld.max_length:  # free text sometimes fills its field exactly, in two-byte letters
         for i in np.flatnonzero(ctx.rng.random(ctx.n) < MAX_LENGTH_SHARE).tolist():
