@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("CLINICAL_CHROMIUM", "/usr/bin/chromium"))
 ARTEFACTS = Path(os.environ.get("CLINICAL_UI_ARTEFACTS", ROOT / "artefacts" / "ui"))
 LOCATION = "pipelines.definitions"
-WAIT_MS = 30_000
+# How long a page may take to show what a step waits for: each wait ends when it shows. The
+# UI draws an asset as "External Asset" until its code location's definitions arrive, which
+# took over 5 s (playwright's default for `expect`) on a busy 2-core machine.
+WAIT_MS = 60_000
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}  # one process per run: a short test
 
 
@@ -65,6 +68,7 @@ def browser():
         _unavailable("playwright is not installed (`make ui-test` installs it)")
     if not CHROMIUM.exists():
         _unavailable(f"no chromium at {CHROMIUM} (`make ui-test` installs Debian's)")
+    sync_api.expect.set_options(timeout=WAIT_MS)  # every `expect`, as every page action
     with sync_api.sync_playwright() as playwright:
         args = ["--no-sandbox"] if os.geteuid() == 0 else []  # chromium refuses root otherwise
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
