@@ -234,7 +234,19 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="with --all-tenants, at most N at once (default: the run queue's maximum)",
     )
-    p.set_defaults(func=_lazy("cli.commands", "sync"), validate=_check_sync)
+    p.set_defaults(func=_sync, validate=_check_sync)
+
+
+def _sync(args: argparse.Namespace) -> int:
+    """One run here, or with `--all-tenants` one per tenant, each in a process forked from
+    this one that runs this command line's `main` as `sync --tenant NAME`."""
+    if args.all_tenants:
+        from cli.tenants import sync_all
+
+        return sync_all(args, main)
+    from cli.commands import sync
+
+    return sync(args)
 
 
 def _day(text: str) -> date:
