@@ -1,5 +1,6 @@
 """The asset factory: per entity set of the catalogue, an extraction into the lake and a load
-into DuckDB; downstream, the analytics models (pipelines/dbt_assets.py) and the publication. No asset body is written per entity set.
+into DuckDB; downstream, the run's exactness, the models (pipelines/dbt_assets.py) and the
+publication (pipelines/publish_asset.py). No asset body is written per entity set.
 
 Two assets per set rather than one: extraction is API-bound and may run in parallel (pool
 `clinical_api`), loading is DuckDB-bound and runs one at a time (pool `warehouse`), and the
@@ -17,7 +18,6 @@ from dagster import (
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetIn,
-    AssetKey,
     AssetOut,
     AssetsDefinition,
     MaterializeResult,
@@ -39,16 +39,13 @@ from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks
 from pipelines.dbt_assets import build_dbt_assets, configured_project
 from pipelines.documents_asset import build_content_asset
+from pipelines.exactness_asset import build_exactness_asset
 from pipelines.keys import (
-    ANALYTICS_GROUP,
     API_POOL,
     CLINICAL_GROUP,
     LAKE_GROUP,
     LOADS_FIRST,
     OWNERS,
-    PUBLISH_PRIORITY,
-    PUBLISHED_GROUP,
-    PUBLISHED_KEY,
     WAREHOUSE_POOL,
     in_pool,
     lake_key,
@@ -56,6 +53,7 @@ from pipelines.keys import (
 )
 from pipelines.liveness import run_started_at
 from pipelines.partitions import tenant_of
+from pipelines.publish_asset import build_publish_asset
 from pipelines.resources import (
     ApiAccess,
     LakeAccess,
@@ -63,13 +61,14 @@ from pipelines.resources import (
     WarehouseAccess,
 )
 from sync.budget import parse_budget, set_staleness, staleness_figure
-from sync.extract import Extraction
+from sync.extract import Extraction, LakeBatches
 from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
 from sync.phase import Phase, enter
 from sync.progress import current
 from sync.reconcile import Reconciliation
 from sync.service_memory import ServiceMemory
+from sync.settle import journal
 from sync.state import (
     LOCK_WAIT_SECONDS,
     CommittedState,
@@ -80,7 +79,6 @@ from warehouse import ops
 from warehouse.dbt_project import Project
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
-from warehouse.publish import publish
 
 # The client's counters (`Counters`, as `Extraction.stats` holds them) as the UI plots them.
 API_FIGURES: dict[str, Figure] = {
@@ -220,17 +218,26 @@ def build_extract_asset(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
         memory = ServiceMemory(the_lake.root, retry_after=options.snapshot_every)
+        results: dict[str, Extraction] = {}
         with ClinicalClient(settings, logger=context.log) as client:
-            results = extract_family(
-                family,
-                inputs,
-                client,
-                the_lake,
-                run_id=context.run.run_id,
-                progress=current(context.log.info),
-                memory=memory,
-                say=context.log,
-            )
+            try:
+                results = extract_family(
+                    family,
+                    inputs,
+                    client,
+                    LakeBatches(the_lake),
+                    run_id=context.run.run_id,
+                    progress=current(context.log.info),
+                    memory=memory,
+                    say=context.log,
+                )
+            finally:  # every request it sent, for the run's end (pipelines/exactness_asset.py)
+                settled = results.values() if "results" in locals() else ()
+                the_lake.write_journal(
+                    context.run.run_id,
+                    f"extract_{root.table}",
+                    journal(client.stats.looks, settled),
+                )
         for e in chosen:
             _log_reconciliation(context.log, results[e.name])
             yield Output(
@@ -335,7 +342,7 @@ def build_load_asset(
                     **{figure: getattr(result, name) for figure, name in LOAD_FIGURES.items()},
                     **api_metadata(extraction),
                     **run_figures(extraction.reconciliation),  # `unreconciled` among them
-                    **extraction.reconciliation.figures(),
+                    **extraction.reconciliation.metadata(),  # what it could not see, too
                     Figure.SOURCE_STALENESS_HOURS: staleness,
                     "watermark": watermark or "",
                     "lake_files_written": len(extraction.files),
@@ -349,56 +356,6 @@ def build_load_asset(
         yield from (result._replace(asset_key=table_key(entity)) for result in results)
 
     return load_entity
-
-
-def build_publish_asset(
-    upstream: Sequence[AssetKey | AssetsDefinition],
-    partitions_def: PartitionsDefinition | None = None,
-) -> AssetsDefinition:
-    """`published/warehouse`, downstream of every step that writes the clinical tables: it
-    runs when they all succeeded (a failed or skipped one skips it), so a failed run publishes
-    nothing. Not downstream of the models (a model that fails must not hold the night's
-    tables back): the models step runs first by priority (pipelines/dbt_assets.py), and a
-    model older than the tables it reads is published saying so. Alone in the `warehouse`
-    pool, like every step that writes DuckDB."""
-    keys = [k for u in upstream for k in _keys(u) if k.path[0] != ANALYTICS_GROUP]
-
-    @asset(
-        key=PUBLISHED_KEY,
-        deps=list(dict.fromkeys(keys)),
-        group_name=PUBLISHED_GROUP,
-        kinds={"duckdb"},
-        owners=OWNERS,
-        **in_pool(WAREHOUSE_POOL, priority=PUBLISH_PRIORITY),
-        partitions_def=partitions_def,
-        description=(
-            "The warehouse analysts read (WAREHOUSE_PATH): the working copy as this run "
-            "committed it, published atomically; open connections keep the previous one"
-        ),
-    )
-    def published_warehouse(context, warehouse: WarehouseAccess) -> MaterializeResult:
-        enter(Phase.PUBLISH)
-        tenant = tenant_of(context)
-        done = publish(
-            warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
-        )
-        context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
-        if done.stale_models:
-            context.log.warning(f"models older than their tables: {', '.join(done.stale_models)}")
-        return MaterializeResult(
-            metadata={
-                "path": MetadataValue.path(str(done.path)),
-                "bytes": done.bytes,
-                "seconds": done.seconds,
-                "stale_models": MetadataValue.text(", ".join(done.stale_models) or "none"),
-            }
-        )
-
-    return published_warehouse
-
-
-def _keys(upstream: AssetKey | AssetsDefinition) -> list[AssetKey]:
-    return [upstream] if isinstance(upstream, AssetKey) else list(upstream.keys)
 
 
 def read_order(rotation: int = 0) -> dict[str, int]:
@@ -430,6 +387,7 @@ def build_assets(
     order = read_order(read_rotation)
     out = [build_extract_asset(f, partitions_def, order[f[0].table]) for f in FAMILIES]
     out += [build_load_asset(entity, partitions_def) for entity in ALL_ENTITIES]
+    out.append(build_exactness_asset(partitions_def))
     out.append(build_dbt_assets(project or configured_project(), partitions_def))
     out.append(build_content_asset(partitions_def))
     return out

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetKey, MetadataValue, PartitionsDefinition
+from dagster import AssetDep, AssetKey, AssetSpec, MetadataValue, PartitionsDefinition
 from dagster_dbt import DagsterDbtTranslator, dbt_assets
 from dagster_dbt.core.dbt_cli_event import DbtCoreCliEventMessage
 
@@ -25,6 +25,7 @@ from connectors.clinical_records.catalogue import BY_TABLE
 from pipelines import home
 from pipelines.keys import (
     ANALYTICS_GROUP,
+    EXACTNESS_KEY,
     MODELS_PRIORITY,
     OWNERS,
     WAREHOUSE_POOL,
@@ -60,6 +61,15 @@ class Translator(DagsterDbtTranslator):
         if props["resource_type"] in ("model", "seed", "snapshot"):
             return model_key(props.get("alias") or props["name"])
         return super().get_asset_key(dbt_resource_props)
+
+    def get_asset_spec(
+        self, manifest: Mapping[str, Any], unique_id: str, project: Any
+    ) -> AssetSpec:
+        """A model also waits for the run's end (`clinical/exactness`), which may load more."""
+        spec = super().get_asset_spec(manifest, unique_id, project)
+        if spec.key.path[0] != ANALYTICS_GROUP or EXACTNESS_KEY in {d.asset_key for d in spec.deps}:
+            return spec
+        return spec.replace_attributes(deps=[*spec.deps, AssetDep(EXACTNESS_KEY)])
 
     def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
         return ANALYTICS_GROUP

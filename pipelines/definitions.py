@@ -37,7 +37,7 @@ from connectors.clinical_records.errors import ConfigError
 from connectors.clinical_records.transport import LOGGER_NAME
 from pipelines import home, tenants
 from pipelines.alerts import alert_failed_runs, alert_inexact_runs
-from pipelines.assets import build_assets, build_publish_asset, build_reference_checks
+from pipelines.assets import build_assets, build_reference_checks
 from pipelines.checks import with_freshness
 from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import (
@@ -51,6 +51,7 @@ from pipelines.keys import (
     table_key,
 )
 from pipelines.partitions import TENANTS, AssetJob, nightly_per_tenant, tenant_partitions_sensor
+from pipelines.publish_asset import build_publish_asset
 from pipelines.resources import (
     ClinicalApiResource,
     LakeResource,

@@ -19,12 +19,14 @@ from pipelines.checks import (
     RECONCILED,
     REFERENCES,
     REJECTS,
+    SETTLED,
     STALENESS,
     references_by_table,
 )
 from pipelines.documents_asset import CONTENT_KEY
 from pipelines.keys import (
     API_POOL,
+    EXACTNESS_KEY,
     MODELS_PRIORITY,
     PUBLISH_PRIORITY,
     PUBLISHED_KEY,
@@ -83,12 +85,16 @@ def test_one_extraction_and_one_table_per_entity_set_and_the_models():
     models = {k for k in keys if k.path[0] == "analytics"}
     assert AssetKey(["analytics", "prescription_claims"]) in models
     documents = {lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY}
-    assert keys == expected | models | documents | {PUBLISHED_KEY}
+    assert keys == expected | models | documents | {PUBLISHED_KEY, EXACTNESS_KEY}
     # Published once everything that writes the clinical tables has committed; not after the
     # models (a model that fails must not hold the night's tables back): their step goes
     # first by priority, and a model left older than its tables is published saying so.
     assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY} - models
     assert MODELS_PRIORITY > PUBLISH_PRIORITY
+    # The run's end after every table's load, the models after it (they read what it loads).
+    assert graph.get(EXACTNESS_KEY).parent_keys == {table_key(e) for e in ALL_ENTITIES}
+    for model in models:
+        assert EXACTNESS_KEY in graph.get(model).parent_keys
     node = graph.get(AssetKey(["analytics", "prescription_claims"]))
     assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
         node.parent_keys
@@ -107,6 +113,7 @@ def test_pools_kinds_owners_and_descriptions():
         assert graph.get(table_key(entity)).pools == {WAREHOUSE_POOL}
     assert graph.get(PUBLISHED_KEY).pools == {WAREHOUSE_POOL}
     assert graph.get(AssetKey(["analytics", "prescription_summary"])).pools == {WAREHOUSE_POOL}
+    assert graph.get(EXACTNESS_KEY).pools == {WAREHOUSE_POOL}  # it loads what it looks at
 
 
 def test_jobs_schedule_and_sensor_exist():
@@ -139,11 +146,14 @@ def test_checks_exist_for_every_table():
         assert key in checks
         deps = graph.get(key).parent_entity_keys
         assert {table_key(r.target) for r in refs} <= deps | {table_key(source)}
+    # The run's exactness, decided in one place for every set.
+    assert AssetCheckKey(EXACTNESS_KEY, SETTLED) in checks
     # Three events and a materialization lookup each, per run and tenant: kept to the questions
     # an operator acts on (the count, reconciliation, what was set aside, staleness, references).
     tables = ALL_ENTITIES  # the documents' table too
     ours = {c for c in checks if c.asset_key.path[0] != "analytics"}
-    assert len(ours) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table)
+    # ... and the run's end, sets_settled.
+    assert len(ours) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table) + 1
     # The models' dbt tests: a key each (unique and not null in one) and a reference (warn).
     tests = {(c.asset_key.path[-1], c.name.split("_")[0]) for c in checks - ours}
     assert tests == {

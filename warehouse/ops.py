@@ -259,6 +259,23 @@ def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetRe
     )
 
 
+def mark_unsettled(
+    con: duckdb.DuckDBPyConnection, run_id: str, entity: str, later: int, check: str
+) -> None:
+    """A set the run's end found touched after its last look, and could not look at again:
+    not exact, by at least one record, `check` among its failed checks; the run with it."""
+    con.execute(
+        'UPDATE "ops"."set_results" SET "unreconciled" = greatest("unreconciled", 1), '
+        '"failed_checks" = list_distinct(list_append("failed_checks", ?)), "exact" = false '
+        'WHERE "run_id" = ? AND "entity" = ?',
+        [check, run_id, entity],
+    )
+    con.execute(
+        'UPDATE "ops"."sync_runs" SET "exact" = false WHERE "run_id" = ?',
+        [run_id],
+    )
+
+
 def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
     """Per entity set, how its last recorded run ended: read from `analytics.sync_health`,
     so `status` and the analysts' view say the same; empty for a warehouse made before
