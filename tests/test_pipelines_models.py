@@ -93,40 +93,44 @@ def test_published_models_equal_their_select_after_every_run(fresh_sandbox, tmp_
 def test_models_run_after_the_loads_before_the_publication_and_only_when_needed(
     fresh_sandbox, tmp_path
 ):
-    instance = DagsterInstance.ephemeral()
+    with DagsterInstance.ephemeral() as instance:
 
-    def steps(report: SyncReport) -> tuple[list[str], set[str]]:
-        """The run's steps in the order they started, and the models it materialized."""
-        logs = instance.all_logs(report.run_id)
-        started = [
-            e.dagster_event.step_key
-            for e in logs
-            if e.dagster_event and e.dagster_event.event_type is DagsterEventType.STEP_START
-        ]
-        built = {
-            e.dagster_event.asset_key.path[-1]
-            for e in logs
-            if e.dagster_event
-            and e.dagster_event.event_type is DagsterEventType.ASSET_MATERIALIZATION
-            and e.dagster_event.asset_key.path[0] == "analytics"
+        def steps(report: SyncReport) -> tuple[list[str], set[str]]:
+            """The run's steps in the order they started, and the models it materialized."""
+            logs = instance.all_logs(report.run_id)
+            started = [
+                e.dagster_event.step_key
+                for e in logs
+                if e.dagster_event and e.dagster_event.event_type is DagsterEventType.STEP_START
+            ]
+            built = {
+                e.dagster_event.asset_key.path[-1]
+                for e in logs
+                if e.dagster_event
+                and e.dagster_event.event_type is DagsterEventType.ASSET_MATERIALIZATION
+                and e.dagster_event.asset_key.path[0] == "analytics"
+            }
+            return started, built
+
+        first = run(fresh_sandbox, tmp_path, instance=instance)
+        order, built = steps(first)
+        loads = [order.index(s) for s in order if s.startswith("clinical__")]
+        assert max(loads) < order.index("analytics_models") < order.index("published__warehouse")
+        assert built == set(published(tmp_path))
+
+        again = run(fresh_sandbox, tmp_path, instance=instance)  # nothing changed at the source
+        assert again.success and steps(again)[1] == set()
+
+        with fresh_sandbox.store.lock:  # a claim changes, nothing else
+            fresh_sandbox.store.drift(CLAIMS, inserts=0, updates=1, deletes=0, rng=random.Random(3))
+        claims = run(fresh_sandbox, tmp_path, instance=instance)
+        assert steps(claims)[1] == {
+            "prescription_claims",
+            "prescription_summary",
+            "broken_references",
         }
-        return started, built
-
-    first = run(fresh_sandbox, tmp_path, instance=instance)
-    order, built = steps(first)
-    loads = [order.index(s) for s in order if s.startswith("clinical__")]
-    assert max(loads) < order.index("analytics_models") < order.index("published__warehouse")
-    assert built == set(published(tmp_path))
-
-    again = run(fresh_sandbox, tmp_path, instance=instance)  # nothing changed at the source
-    assert again.success and steps(again)[1] == set()
-
-    with fresh_sandbox.store.lock:  # a claim changes, nothing else
-        fresh_sandbox.store.drift(CLAIMS, inserts=0, updates=1, deletes=0, rng=random.Random(3))
-    claims = run(fresh_sandbox, tmp_path, instance=instance)
-    assert steps(claims)[1] == {"prescription_claims", "prescription_summary", "broken_references"}
-    for name, (table, select) in published(tmp_path).items():
-        assert table == select, name
+        for name, (table, select) in published(tmp_path).items():
+            assert table == select, name
 
 
 def test_an_analytics_teams_own_project_is_built_and_published(fresh_sandbox, tmp_path):
