@@ -147,10 +147,12 @@ class Project:
         return self.cache / "manifest.pickle"
 
     def arguments(self, profiles: Path) -> list[str]:
-        """What every dbt command of this project is given."""
+        """What every dbt command of this project is given: its artifacts and its (empty)
+        log folder in the private cache, never in the project's folder."""
         return [
             *("--project-dir", str(self.path), "--profiles-dir", str(profiles)),
             *("--profile", PROFILE, "--target", TARGET, "--target-path", str(self.target)),
+            *("--log-path", str(self.cache / "logs")),
             *QUIET,
         ]
 
@@ -201,10 +203,8 @@ def _install_packages(path: Path) -> None:
         return
     scratch = private_dir(cache_root() / "deps")
     write_profile(scratch, scratch / "deps.duckdb")
-    _invoke(
-        ["deps", "--project-dir", str(path), "--profiles-dir", str(scratch), *QUIET],
-        what=f"deps {path}",
-    )
+    folders = ["--project-dir", str(path), "--profiles-dir", str(scratch)]
+    _invoke(["deps", *folders, "--log-path", str(scratch / "logs"), *QUIET], what=f"deps {path}")
 
 
 _PARSED: dict[Project, Any] = {}
