@@ -5,6 +5,7 @@ runs it, sends nothing anywhere."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from connectors.clinical_records.catalogue import ALL_ENTITIES
-from tests.warehouse_records import Harness, record
-from warehouse import dbt_catalogue, dbt_project
+from connectors.clinical_records.catalogue import ALL_ENTITIES, CLAIMS, PRESCRIPTIONS
+from tests.warehouse_records import PER_BRANCH, Harness, record
+from warehouse import dbt_catalogue, dbt_project, models
 from warehouse.schema import CLINICAL_META
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,3 +128,33 @@ def test_dbt_as_the_product_runs_it_sends_nothing(proxy, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert seen == []
+
+
+def test_a_teams_project_installs_ours_as_a_package_and_both_build(tmp_path):
+    """An analytics team's own project naming transform/ (here a copy) as a local package:
+    installed without the network, its models and ours built, a change in ours seen."""
+    ours = tmp_path / "ours"
+    shutil.copytree(dbt_project.DEFAULT_PROJECT, ours, ignore=shutil.ignore_patterns("target"))
+    team = tmp_path / "team"
+    (team / "models").mkdir(parents=True)
+    (team / "dbt_project.yml").write_text(
+        "name: team_models\nversion: '1.0.0'\nconfig-version: 2\nprofile: their_own\n"
+    )
+    (team / "packages.yml").write_text(f"packages:\n  - local: {ours}\n")
+    (team / "models" / "claims_per_branch.sql").write_text(PER_BRANCH)
+    (team / "models" / "summaries.sql").write_text(
+        "select count(*) as n from {{ ref('prescription_summary') }}"
+    )
+    harness = Harness(tmp_path / "warehouse")
+    harness.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 1), record(PRESCRIPTIONS, 2)])
+    harness.sync(CLAIMS, [record(CLAIMS, 1, billing_branch_id=7)])
+    project = dbt_project.prepare(team)
+    built = models.build(harness.path, project)
+    assert {"claims_per_branch", "summaries", "prescription_summary"} <= set(built.built)
+    assert harness.rows("SELECT * FROM analytics.summaries") == [(2,)]
+    assert harness.rows("SELECT * FROM analytics.claims_per_branch") == [("7", 1)]
+
+    summary = ours / "models" / "analytics" / "prescription_summary.sql"
+    summary.write_text(summary.read_text() + "\nWHERE p.id = '1'")
+    assert dbt_project.prepare(team) != project  # the package's change is a new parse
+    harness.close()

@@ -75,9 +75,10 @@ def cache_root() -> Path:
 
 
 def fingerprint(folder: Path, *extra: str) -> str:
-    """Every file of the project (installed packages included), by path and content."""
+    """Every file of the project (installed packages included, a local one being a link to
+    its folder), by path and content."""
     digest = hashlib.sha256("\0".join(extra).encode())
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files in os.walk(folder, followlinks=True):  # a local package: a link
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_FOLDERS)
         for name in sorted(files):
             path = Path(root, name)
