@@ -77,7 +77,7 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode
-from warehouse import ops
+from warehouse import ledger
 from warehouse.ddl import ANALYTICS
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
@@ -302,7 +302,7 @@ def build_load_asset(
                 stale=extraction.reconciliation.stale,
             )
             results = checks.table_check_results(
-                count, ops.run_unfit(wh.con, entity.name, extraction.run_id)
+                count, ledger.run_unfit(wh.con, entity.name, extraction.run_id)
             )
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)

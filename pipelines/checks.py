@@ -1,5 +1,5 @@
 """Data-quality checks on the clinical tables: Dagster check results over the SQL of
-`warehouse/quality.py` and `warehouse/ops.py`.
+`warehouse/quality.py` and `warehouse/ledger.py`.
 
 The load asset runs the checks of its own table (the count against the source at the run's
 last look, reconciliation, what was set aside, staleness); each table's references are one
@@ -37,7 +37,7 @@ from pipelines.resources import WarehouseAccess
 from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
-from warehouse import ops, quality
+from warehouse import ledger, quality
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import Warehouse
 
@@ -180,7 +180,7 @@ class SourceCount:
         return cls(
             source,
             quality.live_rows(con, entity),
-            ops.run_rejects(con, entity.name, run_id),
+            ledger.run_rejects(con, entity.name, run_id),
             quality.duplicate_keys(con, entity),
             stale,
         )

@@ -19,7 +19,7 @@ from connectors.clinical_records.catalogue import (
     f,
 )
 from tests.warehouse_records import Harness, record
-from warehouse import ops
+from warehouse import ledger
 from warehouse.lake import Lake
 from warehouse.load import SourceMismatch, Warehouse, WarehouseLocked, status
 from warehouse.normalise import REJECT
@@ -329,7 +329,7 @@ def counted(harness) -> tuple[int, int]:
 
 def rejected_keys(harness) -> set:
     """The keys reconciliation counts as held though rejected (sync/state.py)."""
-    return set(ops.rejected_keys(harness.wh.con, "Claims", REJECT))
+    return set(ledger.rejected_keys(harness.wh.con, "Claims", REJECT))
 
 
 def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_rest(harness):
@@ -354,16 +354,16 @@ def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_re
 
 
 def test_resolve_notes_stages_what_was_sent_itself_and_leaves_nothing_behind(harness):
-    """ops.resolve_notes owns its `_sent`: made from the caller's SELECT, dropped after; with
+    """ledger.resolve_notes owns its `_sent`: made from the caller's SELECT, dropped after; with
     no note open the SELECT (a load's read of every batch's keys) is not run at all."""
     harness.sync(CLAIMS, [record(CLAIMS, 6, uncollected="1e5")])
     con = harness.wh.con
     sent = 'SELECT ? AS "key", now() AS "extracted_at", \'run-x\' AS "run_id"'
-    ops.resolve_notes(con, "Claims", sent, ["6"])
+    ledger.resolve_notes(con, "Claims", sent, ["6"])
     assert notes(harness, "unfit") == [("6", "run-001", "run-x")]
     staged = "SELECT count(*) FROM duckdb_tables() WHERE table_name = '_sent'"
     assert con.execute(staged).fetchone() == (0,)
-    ops.resolve_notes(con, "Claims", "SELECT * FROM no_such_table")  # nothing open: not run
+    ledger.resolve_notes(con, "Claims", "SELECT * FROM no_such_table")  # nothing open: not run
 
 
 def test_runs_are_recorded(harness):

@@ -303,7 +303,7 @@ def statements(entities: Iterable[EntitySet], *, upgrades: bool = True) -> Itera
 # How each set's last run ended: a view over ops.set_results, so it is current the moment a
 # result is recorded (the analytics models, tables built from clinical, are built before the
 # checks that decide it: warehouse/models.py leaves this view alone). `status` reads it too
-# (ops.last_set_results).
+# (runs.last_set_results).
 SYNC_HEALTH_VIEW = "sync_health"
 SYNC_HEALTH_MEANING = (
     "How each entity set's last run ended: exact when none of its checks of severity ERROR "

@@ -19,13 +19,15 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, models, ops, vacuum
+from warehouse import ddl, migrations, models, ops, runs, vacuum
 from warehouse.connection import Transaction, connect, memory_limit, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
+from warehouse.ledger import LoadResult
 from warehouse.merge import Merge
-from warehouse.ops import EntityStatus, LoadResult, SetResult
+from warehouse.ops import EntityStatus
 from warehouse.private import make_private, private_dir
+from warehouse.runs import SetResult
 
 __all__ = [
     "EntityStatus",
@@ -150,11 +152,11 @@ class Warehouse:
             with self.transaction():
                 ops.record_source(self.con, base_url, customer)
 
-    record_run = _on_con(ops.record_run)
-    finish_run = _on_con(ops.finish_run)
-    add_to_run = _on_con(ops.add_to_run)
-    fail_run = _on_con(ops.fail_run)
-    record_set_result = _on_con(ops.record_set_result)
+    record_run = _on_con(runs.record_run)
+    finish_run = _on_con(runs.finish_run)
+    add_to_run = _on_con(runs.add_to_run)
+    fail_run = _on_con(runs.fail_run)
+    record_set_result = _on_con(runs.record_set_result)
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         return ops.watermark(self.con, self.entity(entity).name)

@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet
-from warehouse import ddl, ops
+from warehouse import ddl, ledger
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
+from warehouse.ledger import LoadResult
 from warehouse.normalise import REJECT
-from warehouse.ops import LoadResult
 from warehouse.schema import EXTRAS
 
 # The content hash: DuckDB's 64-bit hash of every field and the extras, as 16 hex digits.
@@ -59,7 +59,7 @@ class Merge:
         self.snapshot_at = max(i.extracted for i in infos)
         self.present = _columns_in(paths)  # older batches may lack newer columns
         # Whether a snapshot loaded earlier was extracted after some of these batches.
-        self.snapshot_since = ops.snapshot_since(con, ent.name, min(i.extracted for i in infos))
+        self.snapshot_since = ledger.snapshot_since(con, ent.name, min(i.extracted for i in infos))
 
     def run(self, snapshot: bool) -> LoadResult:
         new = self._register_batches()
@@ -81,7 +81,7 @@ class Merge:
             self._record_snapshot()
         rejected = self._rejects(new)
         self._resolve_notes()
-        ops.record_new_batches(self.con, self.ent.name)
+        ledger.record_new_batches(self.con, self.ent.name)
         self.con.unregister("_batches")
         return LoadResult(
             fetched=sum(i.rows for i in self.infos) + rejected,
@@ -96,7 +96,7 @@ class Merge:
     def _register_batches(self) -> list[bool]:
         """`_batches`: file, extraction time and order of each batch; which are new."""
         ids = [i.batch_id for i in self.infos]
-        seen = ops.loaded_batch_ids(self.con, ids)
+        seen = ledger.loaded_batch_ids(self.con, ids)
         table = pa.table(
             {
                 "file": self.files,
@@ -133,7 +133,7 @@ class Merge:
     def _record_snapshot(self) -> None:
         """The snapshot, by the run that extracted it: its rejects carry that run's id."""
         run_id = max(self.infos, key=lambda i: i.extracted).run_id
-        ops.record_snapshot(self.con, self.ent.name, run_id, self.snapshot_at)
+        ledger.record_snapshot(self.con, self.ent.name, run_id, self.snapshot_at)
 
     def _missed_by_snapshot(self) -> tuple[str, list[object]]:
         """SQL of when the first snapshot extracted at or after a new record's version (`s`)
@@ -141,7 +141,7 @@ class Merge:
         its parameters. A snapshot that rejected the key did not miss it."""
         if not self.snapshot_since:
             return "NULL::TIMESTAMPTZ", []
-        sql = ops.first_snapshot_missing(self.key)
+        sql = ledger.first_snapshot_missing(self.key)
         return sql, [self.ent.name]
 
     def _versions(self, ranked: bool) -> str:
@@ -347,7 +347,7 @@ class Merge:
         ]
 
     def _rejects(self, new: list[bool]) -> int:
-        """Copy the batches' rejects into ops.rejects once; return the rejected rows."""
+        """Copy the batches' rejects into ledger.rejects once; return the rejected rows."""
         files = self._reject_files()
         if not files:
             return 0
@@ -358,7 +358,7 @@ class Merge:
                 JOIN "_batches" AS b ON r."filename" = b."rejects_file" """,
             [files],
         )
-        ops.copy_new_rejects(self.con)
+        ledger.copy_new_rejects(self.con)
         (count,) = self.con.execute(
             'SELECT count(*) FROM "_rejects" WHERE "kind" = ?', [REJECT]
         ).fetchone()
@@ -367,8 +367,8 @@ class Merge:
 
     def _resolve_notes(self) -> None:
         """Notes on keys these batches loaded again, from a later extraction, become history
-        (ops.resolve_notes); reads the key column alone, and only while notes are open."""
-        ops.resolve_notes(
+        (ledger.resolve_notes); reads the key column alone, and only while notes are open."""
+        ledger.resolve_notes(
             self.con,
             self.ent.name,
             f"""SELECT CAST(s.{self.key} AS VARCHAR) AS "key", b."extracted_at",
