@@ -398,7 +398,9 @@ def test_canonical_types_of_the_catalogue_are_the_table_types(harness):
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["into-empty", "into-held"])
-def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
+def test_versions_of_a_key_across_batches_keep_the_newest_current_and_all_in_history(
+    tmp_path, held
+):
     h = Harness(tmp_path)
     if held:  # the same load merging into rows already there, not a fresh insert
         h.sync(CLAIMS, [record(CLAIMS, 1, total_claim_amount="0.5", updated_at="2025-12-01")])
@@ -412,7 +414,9 @@ def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
     state = h.rows(
         'SELECT "id", "total_claim_amount", "_deleted_at" FROM "clinical"."claims" ORDER BY 1'
     )
-    versions = h.rows('SELECT count(*) FROM "history"."claims" WHERE "id" = 1')
+    versions = h.rows(
+        'SELECT "total_claim_amount" FROM "history"."claims" WHERE "id" = 1 ORDER BY "updated_at"'
+    )
     h.close()
     assert [(key, amount) for key, amount, _ in state] == [
         (1, Decimal("2")),
@@ -421,9 +425,10 @@ def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
     ]
     assert all(deleted is None for _, _, deleted in state)
     assert (result.inserted, result.updated, result.soft_deleted) == (
-        (2, 1, 0) if held else (3, 0, 0)
+        (2, 3, 0) if held else (3, 2, 0)
     )
-    assert versions == [(2 if held else 1,)]
+    every = [Decimal("3"), Decimal("1"), Decimal("2")]  # by updated_at, oldest first
+    assert [v for (v,) in versions] == ([Decimal("0.5")] if held else []) + every
 
 
 def test_history_is_the_superseded_versions_and_the_current_rows(harness):

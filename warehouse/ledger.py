@@ -106,16 +106,16 @@ def record_snapshot(
     )
 
 
-def first_snapshot_missing(key: str) -> str:
-    """SQL of when the first snapshot extracted at or after a staged version (`s`) missed
-    its key (quoted `key`), NULL when none did; its one parameter is the entity set. A
-    snapshot that rejected the key did not miss it."""
+def first_snapshot_missing(key: str, extracted: str) -> str:
+    """SQL of when the first snapshot extracted at or after a version (extracted at the SQL
+    `extracted`) missed its key (the SQL `key`), NULL when none did; its one parameter is the
+    entity set. A snapshot that rejected the key did not miss it."""
     return f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
-                WHERE n."entity" = ? AND n."snapshot_at" >= s."_extracted_at"
+                WHERE n."entity" = ? AND n."snapshot_at" >= {extracted}
                   AND NOT EXISTS (
                     SELECT 1 FROM "ops"."rejects" AS r
                     WHERE r."entity" = n."entity" AND r."run_id" = n."run_id"
-                      AND r."key" = CAST(s.{key} AS VARCHAR)))"""
+                      AND r."key" = CAST({key} AS VARCHAR)))"""
 
 
 def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:

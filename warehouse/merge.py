@@ -1,9 +1,11 @@
 """The merge of one load: lake batches into clinical and history, by key, in SQL over Parquet.
 
-A load stages the batches' rows with `read_parquet`, keeps the newest version per key
-(cursor, then extraction time), compares content hashes with `clinical`, and applies the
-plan: inserts, updates, resurrections, type-2 history, soft deletes of a snapshot, rejects
-and the batch ledger. The caller (`Warehouse.load`) holds the transaction.
+A load stages the batches' rows with `read_parquet` and merges every version it was handed,
+each key's oldest first (cursor, nulls first, then extraction time: `NEWER`): a version newer
+than the current row is compared by content hash and applied (insert, update, resurrection,
+type-2 history); an older one is placed among the versions held (`warehouse/history.py`).
+Then the soft deletes of a snapshot, rejects and the batch ledger. The caller
+(`Warehouse.load`) holds the transaction.
 
 A fresh load (an empty table, no key twice) skips all that and streams the rows into
 `clinical`. DuckDB keeps no insertion order (`preserve_insertion_order`): no table here
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet
-from warehouse import ddl, ledger
+from warehouse import ddl, history, ledger
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
 from warehouse.ledger import LoadResult
@@ -34,7 +36,14 @@ from warehouse.schema import EXTRAS
 CONTENT_HASH = "printf('%016x', hash({content}))"
 
 # The plan's actions, as the classification query names them.
-INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
+INSERT, UPDATE, RESURRECT, SAME = "insert", "update", "resurrect", "same"
+STALE = history.STALE  # older than the current version: placed among those held
+
+# Whether a staged version (`s`) is newer than the current one (`c`, its cursor `{current}`):
+# by cursor, a missing one oldest, then by extraction time (a tie: the version being loaded).
+NEWER = """(CASE WHEN s."_cursor" IS DISTINCT FROM {current}
+                 THEN coalesce(s."_cursor" > {current}, {current} IS NULL)
+                 ELSE s."_extracted_at" >= c."_extracted_at" END)"""
 
 
 class Merge:
@@ -71,12 +80,10 @@ class Merge:
             actions[INSERT] = self._insert_fresh()
             deleted = self._apply_deletes()
         else:
-            actions.update(self._plan(duplicated))
-            self._apply(actions)
+            actions.update(self._merge_versions(duplicated))
             deleted = self._mark_deleted() if snapshot else 0
             deleted += self._apply_deletes()
-            self.con.execute('DROP TABLE "_stage"')
-            self.con.execute('DROP TABLE "_plan"')
+            self.con.execute('DROP TABLE "_keys"')
         if snapshot:
             self._record_snapshot()
         rejected = self._rejects(new)
@@ -141,7 +148,7 @@ class Merge:
         its parameters. A snapshot that rejected the key did not miss it."""
         if not self.snapshot_since:
             return "NULL::TIMESTAMPTZ", []
-        sql = ledger.first_snapshot_missing(self.key)
+        sql = ledger.first_snapshot_missing(f"s.{self.key}", 's."_extracted_at"')
         return sql, [self.ent.name]
 
     def _versions(self, ranked: bool) -> str:
@@ -172,18 +179,64 @@ class Merge:
                 JOIN "_batches" AS b ON s."filename" = b."file"
             )"""
 
-    def _keep_newest(self) -> None:
-        """Drop from `_stage` every version but the newest of its key (cursor, then
-        extraction time, batch, row). The window sees narrow rows only: memory stays low."""
+    def _merge_versions(self, duplicated: bool) -> Counter[str]:
+        """Every staged version, each key's oldest first: one round per version of a key (a
+        load holds one for most keys), each planned and applied against what the rounds
+        before left, as loads of one version each in that order would. Returns how many
+        versions got each action."""
         self.con.execute(
-            f"""DELETE FROM "_stage" WHERE rowid IN (
-                    SELECT rowid FROM "_stage"
-                    QUALIFY row_number() OVER (
-                        PARTITION BY {self.key}
-                        ORDER BY "_cursor" DESC NULLS LAST, "_extracted_at" DESC,
-                                 "_order" DESC, "_row" DESC
-                    ) > 1)"""
+            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
         )
+        self.con.execute(f'CREATE TEMP TABLE "_keys" AS SELECT DISTINCT {self.key} FROM "_stage"')
+        rounds = self._set_later_versions_aside() if duplicated else 1
+        actions: Counter[str] = Counter()
+        for number in range(1, rounds + 1):
+            if number > 1:
+                self.con.execute(
+                    'CREATE TEMP TABLE "_stage" AS SELECT * EXCLUDE ("_round") FROM "_later" '
+                    'WHERE "_round" = ?',
+                    [number],
+                )
+            planned = self._plan()
+            if planned.get(STALE):
+                history.place_older_versions(
+                    self.con,
+                    self.ent.name,
+                    self.key,
+                    quote(self.cursor) if self.cursor else None,
+                    self.clinical,
+                    self.superseded,
+                    self.version,
+                )
+            self._apply(planned)
+            actions.update(planned)
+            self.con.execute('DROP TABLE "_stage"')
+            self.con.execute('DROP TABLE "_plan"')
+        if duplicated:
+            self.con.execute('DROP TABLE "_later"')
+        return actions
+
+    def _set_later_versions_aside(self) -> int:
+        """Keep each key's oldest version in `_stage` and move the others to `_later`,
+        numbered by their place in the key's order (`_round` 2, 3, ...); the number of
+        rounds. The window sees narrow rows only: memory stays low."""
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_ranks" AS
+                SELECT rowid AS "rid", row_number() OVER (
+                    PARTITION BY {self.key}
+                    ORDER BY "_cursor" NULLS FIRST, "_extracted_at", "_order", "_row"
+                ) AS "_round"
+                FROM "_stage" """
+        )
+        later = 'SELECT "rid", "_round" FROM "_ranks" WHERE "_round" > 1'
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_later" AS SELECT s.*, r."_round"
+                FROM "_stage" AS s JOIN ({later}) AS r ON s.rowid = r."rid" """
+        )
+        self.con.execute(f'DELETE FROM "_stage" WHERE rowid IN (SELECT "rid" FROM ({later}))')
+        (rounds,) = self.con.execute('SELECT max("_round") FROM "_ranks"').fetchone()
+        self.con.execute('DROP TABLE "_ranks"')
+        return int(rounds or 1)
 
     def _insert_fresh(self) -> int:
         """Every row of the batches straight into clinical; returns how many."""
@@ -200,25 +253,21 @@ class Merge:
         ).fetchone()
         return inserted
 
-    def _plan(self, duplicated: bool) -> dict[str, int]:
-        """`_stage`: the newest version per key across the batches with its content hash;
-        `_plan`: what happens to each key (`_action`). Returns how many keys get each action.
+    def _plan(self) -> dict[str, int]:
+        """`_plan`: what happens to each key's version in `_stage` (one per key, with its
+        content hash): `_action`. Returns how many keys get each action.
 
-        A version newer than the current one (by cursor, else by extraction time) replaces
-        it. It brings a deleted record back only when it was extracted after the deletion
-        was seen; an older one (a batch loaded again, or a run that commits after a later
-        snapshot) updates the record's content, which stays deleted, as if the two loads
-        had committed in extraction order. For the same reason a new record that a snapshot
+        A version newer than the current one (`NEWER`) replaces it; an older one is placed
+        among the versions held (STALE: `history.place_older_versions`). A newer version
+        brings a deleted record back only when it was extracted after the deletion was seen;
+        one extracted before it (a run that commits after a later snapshot) updates the
+        record's content, which stays deleted, as if the two loads had committed in
+        extraction order. For the same reason a new record that a snapshot
         loaded earlier but extracted later missed is inserted deleted (`_deleted_at`).
 
         Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
         table stays small; the wide staged rows stream, and spill under the memory cap.
         """
-        self.con.execute(
-            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
-        )
-        if duplicated:
-            self._keep_newest()
         cursor = [self.cursor] if self.cursor else []
         current = f"c.{quote(self.cursor)}" if self.cursor else "NULL"
         narrow = column_list(
@@ -233,11 +282,7 @@ class Merge:
                    ELSE c."_deleted_at" END AS "_deleted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
-                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
-                                    AND s."_cursor" <> {current}
-                               THEN s."_cursor" > {current}
-                               ELSE s."_extracted_at" >= c."_extracted_at" END)
-                     THEN '{STALE}'
+                WHEN NOT {NEWER.format(current=current)} THEN '{STALE}'
                 WHEN s."_extracted_at" > c."_deleted_at" THEN '{RESURRECT}'
                 WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
                 ELSE '{SAME}'
@@ -304,7 +349,7 @@ class Merge:
         (marked,) = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
                 WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
-                  AND NOT EXISTS (SELECT 1 FROM "_plan" AS s WHERE s.{self.key} = c.{self.key})
+                  AND NOT EXISTS (SELECT 1 FROM "_keys" AS s WHERE s.{self.key} = c.{self.key})
                   {rejected_keys}""",
             [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
         ).fetchone()
