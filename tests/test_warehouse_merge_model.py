@@ -65,7 +65,8 @@ class Model:
         if snapshot:
             at = max(extracted for extracted, _ in batches)
             for key, held in self.current.items():
-                if key not in versions and held.deleted is None and held.extracted <= at:
+                later = held.deleted is None or held.deleted > at  # a later snapshot's, first
+                if key not in versions and later and held.extracted <= at:
                     self.current[key] = replace(held, deleted=at)
                     deleted += 1
             self.snapshots.append(at)

@@ -1,6 +1,7 @@
-"""Where a version older than the record's current one goes: into its place among the versions
-held, so that history keeps every version a load was handed, in the source's order, whatever
-order the loads commit in (docs/ARCHITECTURE.md, "History in the source's order").
+"""The order of a key's versions in a load (`set_later_versions_aside`), and where a version
+older than the record's current one goes: into its place among the versions held, so that
+history keeps every version a load was handed, in the source's order, whatever order the
+loads commit in (docs/ARCHITECTURE.md, "History in the source's order").
 
 Two runs whose loads commit out of extraction order (a command-line run beside a scheduled
 one) hand the later-committing load versions older than those held; a rebuild replays the lake
@@ -127,3 +128,27 @@ def place_older_versions(
         )
     for name in ("_older", "_places", "_placed"):
         con.execute(f'DROP TABLE "{name}"')
+
+
+def set_later_versions_aside(con: duckdb.DuckDBPyConnection, key: str) -> int:
+    """Keep each key's oldest version in `_stage` and move the others to `_later`, numbered
+    by their place in the key's order (`_round` 2, 3, ...): a load merges them one round at
+    a time, as loads of one version each would. The number of rounds. The window sees
+    narrow rows only: memory stays low. `key`: the quoted key column."""
+    con.execute(
+        f"""CREATE TEMP TABLE "_ranks" AS
+            SELECT rowid AS "rid", row_number() OVER (
+                PARTITION BY {key}
+                ORDER BY "_cursor" NULLS FIRST, "_extracted_at", "_order", "_row"
+            ) AS "_round"
+            FROM "_stage" """
+    )
+    later = 'SELECT "rid", "_round" FROM "_ranks" WHERE "_round" > 1'
+    con.execute(
+        f"""CREATE TEMP TABLE "_later" AS SELECT s.*, r."_round"
+            FROM "_stage" AS s JOIN ({later}) AS r ON s.rowid = r."rid" """
+    )
+    con.execute(f'DELETE FROM "_stage" WHERE rowid IN (SELECT "rid" FROM ({later}))')
+    (rounds,) = con.execute('SELECT max("_round") FROM "_ranks"').fetchone()
+    con.execute('DROP TABLE "_ranks"')
+    return int(rounds or 1)

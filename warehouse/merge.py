@@ -1,11 +1,10 @@
 """The merge of one load: lake batches into clinical and history, by key, in SQL over Parquet.
 
-A load stages the batches' rows with `read_parquet` and merges every version it was handed,
-each key's oldest first (cursor, nulls first, then extraction time: `NEWER`): a version newer
-than the current row is compared by content hash and applied (insert, update, resurrection,
-type-2 history); an older one is placed among the versions held (`warehouse/history.py`).
-Then the soft deletes of a snapshot, rejects and the batch ledger. The caller
-(`Warehouse.load`) holds the transaction.
+A load stages the batches' rows with `read_parquet` and merges every version, each key's oldest
+first (`NEWER`'s order): one newer than the current row is compared by content hash and applied
+(insert, update, resurrection, type-2 history), an older one placed among those held
+(`warehouse/history.py`); then a snapshot's soft deletes, rejects and the batch ledger. The
+caller (`Warehouse.load`) holds the transaction.
 
 A fresh load (an empty table, no key twice) skips all that and streams the rows into
 `clinical`. DuckDB keeps no insertion order (`preserve_insertion_order`): no table here
@@ -188,7 +187,7 @@ class Merge:
             f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
         )
         self.con.execute(f'CREATE TEMP TABLE "_keys" AS SELECT DISTINCT {self.key} FROM "_stage"')
-        rounds = self._set_later_versions_aside() if duplicated else 1
+        rounds = history.set_later_versions_aside(self.con, self.key) if duplicated else 1
         actions: Counter[str] = Counter()
         for number in range(1, rounds + 1):
             if number > 1:
@@ -215,28 +214,6 @@ class Merge:
         if duplicated:
             self.con.execute('DROP TABLE "_later"')
         return actions
-
-    def _set_later_versions_aside(self) -> int:
-        """Keep each key's oldest version in `_stage` and move the others to `_later`,
-        numbered by their place in the key's order (`_round` 2, 3, ...); the number of
-        rounds. The window sees narrow rows only: memory stays low."""
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_ranks" AS
-                SELECT rowid AS "rid", row_number() OVER (
-                    PARTITION BY {self.key}
-                    ORDER BY "_cursor" NULLS FIRST, "_extracted_at", "_order", "_row"
-                ) AS "_round"
-                FROM "_stage" """
-        )
-        later = 'SELECT "rid", "_round" FROM "_ranks" WHERE "_round" > 1'
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_later" AS SELECT s.*, r."_round"
-                FROM "_stage" AS s JOIN ({later}) AS r ON s.rowid = r."rid" """
-        )
-        self.con.execute(f'DELETE FROM "_stage" WHERE rowid IN (SELECT "rid" FROM ({later}))')
-        (rounds,) = self.con.execute('SELECT max("_round") FROM "_ranks"').fetchone()
-        self.con.execute('DROP TABLE "_ranks"')
-        return int(rounds or 1)
 
     def _insert_fresh(self) -> int:
         """Every row of the batches straight into clinical; returns how many."""
@@ -337,7 +314,8 @@ class Merge:
             )
 
     def _mark_deleted(self) -> int:
-        """A snapshot marks what it did not see (nor reject) and was extracted before it."""
+        """A snapshot marks what it did not see (nor reject) and was extracted before it; a
+        later snapshot's mark (it committed first) moves back to it, as in extraction order."""
         files = self._reject_files()
         rejected_keys = (
             f"""AND CAST(c.{self.key} AS VARCHAR) NOT IN (
@@ -348,16 +326,16 @@ class Merge:
         )
         (marked,) = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
-                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
+                WHERE coalesce(c."_deleted_at" > ?, true) AND c."_extracted_at" <= ?
                   AND NOT EXISTS (SELECT 1 FROM "_keys" AS s WHERE s.{self.key} = c.{self.key})
                   {rejected_keys}""",
-            [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
+            [self.snapshot_at, self.snapshot_at, self.snapshot_at, *([files] if files else [])],
         ).fetchone()
         return marked
 
     def _apply_deletes(self) -> int:
-        """Mark deleted the keys an extraction found gone at the source, as of that batch's
-        extraction, unless a newer version (a later extraction) is held."""
+        """Mark deleted the keys an extraction found gone at the source, as of the first such
+        batch extracted at or after the version held (an earlier deletion stays)."""
         found = [
             (str(side_path(Lake.root_of(p), DELETES, i.table, i.batch_id)), i.extracted)
             for p, i in zip(self.paths, self.infos, strict=True)
@@ -374,11 +352,13 @@ class Merge:
         self.con.register("_gone_files", gone)
         (marked,) = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at"
-                FROM (SELECT d."key", max(f."at") AS "at"
+                FROM (SELECT h.rowid AS "row", min(f."at") AS "at"
                       FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
-                      JOIN "_gone_files" AS f ON d."filename" = f."file" GROUP BY ALL) AS g
-                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= g."at"
-                  AND CAST(c.{self.key} AS VARCHAR) = g."key" """,
+                      JOIN "_gone_files" AS f ON d."filename" = f."file"
+                      JOIN {self.clinical} AS h ON CAST(h.{self.key} AS VARCHAR) = d."key"
+                       AND h."_extracted_at" <= f."at"
+                      GROUP BY ALL) AS g
+                WHERE c.rowid = g."row" AND coalesce(c."_deleted_at" > g."at", true)""",
             [[f for f, _ in found]],
         ).fetchone()
         self.con.unregister("_gone_files")
@@ -392,7 +372,7 @@ class Merge:
         ]
 
     def _rejects(self, new: list[bool]) -> int:
-        """Copy the batches' rejects into ledger.rejects once; return the rejected rows."""
+        """Copy the batches' rejects into ops.rejects once; return the rejected rows."""
         files = self._reject_files()
         if not files:
             return 0
