@@ -241,8 +241,9 @@ class Lake:
 
     def record_run(self, row: Mapping[str, Any]) -> None:
         """How a run ended (its row of ops.sync_runs), kept beside its batches so that a
-        rebuild keeps the record of the runs even when the warehouse file is lost."""
-        folder = self._private_dir(self.root / RUNS)
+        rebuild keeps the record of the runs even when the warehouse file is lost. (The
+        extractions tighten an old lake; this adds one private folder to it.)"""
+        folder = private_dir(private_dir(self.root) / RUNS)
         if not RUN_ID_RE.match(str(row["run_id"])):
             raise ValueError("run_id may hold only letters, digits, '_', '.' and '-'")
         text = json.dumps(
