@@ -197,6 +197,20 @@ def file_figures(work: Path) -> tuple[float, int, int, float]:
     return round(mib, 2), history, clinical, round(free / total, 4) if total else 0.0
 
 
+def equals_source(work: Path, store: Store) -> bool:
+    """Whether every set's live keys in the warehouse are the source's, no more, no less."""
+    truth = store.ground_truth()
+    with Warehouse(work, read_only=True) as wh:
+        for entity in ALL_ENTITIES:
+            held = wh.con.execute(
+                f'SELECT CAST("{entity.key}" AS VARCHAR) FROM "{ddl.CLINICAL}"."{entity.table}" '
+                'WHERE "_deleted_at" IS NULL'
+            ).fetchall()
+            if {k for (k,) in held} != {str(r[entity.key]) for r in truth[entity.name]}:
+                return False
+    return True
+
+
 def night(
     number: int,
     day: dict[str, tuple[list[dict], list[str]]],
@@ -297,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n.history_rows:>12,} {n.dead_space:>10.3f}",
                 flush=True,
             )
+        exact = equals_source(working_path(published), store)
     window = min(WINDOW, len(nights) // 2)
     figures = summary(nights, window)
     seconds = round(time.perf_counter() - began, 1)
@@ -307,19 +322,21 @@ def main(argv: list[str] | None = None) -> int:
         f"file {figures['file_mib_first']:.1f} -> {figures['file_mib_last']:.1f} MiB; "
         f"history rows {figures['history_rows_first']:,} -> {figures['history_rows_last']:,}; "
         f"clinical rows {figures['clinical_rows_first']:,} -> {figures['clinical_rows_last']:,}; "
-        f"dead space at most {figures['dead_space_fraction_max']:.3f} (target <= {DEAD_TARGET})"
+        f"dead space at most {figures['dead_space_fraction_max']:.3f} (target <= {DEAD_TARGET}); "
+        f"live records equal the source's: {'yes' if exact else 'NO'}"
     )
     if args.json:
         document = {
             "scale": args.scale,
             "days": args.days,
             "seconds": seconds,
+            "equals_source": exact,
             "first_sync": asdict(full),
             **figures,
             "nights": [asdict(n) for n in nights],
         }
         args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    return 0
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

@@ -212,3 +212,28 @@ def test_key_types_builds_every_layout_and_they_answer_alike(tmp_path) -> None:
                 ).fetchone()[0],
             )
     assert held == {"before": ("BIGINT", 0), "after": ("VARCHAR", len(QUERIES))}
+
+
+def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/year_of_nights.py at a tiny size for a few nights: every night measured,
+    history growing night by night, dead space under a fifth of the file, the warehouse's
+    live records the source's, and the JSON's summary keys sane."""
+    import json
+
+    script = DLT_SOURCE.parent / "year_of_nights.py"
+    out = tmp_path / "year.json"
+    cmd = [sys.executable, str(script), "--scale", "0.05", "--days", "4", "--json", str(out)]
+    run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    year = json.loads(out.read_text())
+    assert year["equals_source"] is True
+    assert [n["night"] for n in year["nights"]] == [1, 2, 3, 4]
+    assert all(n["changes"] > 0 and n["warehouse_s"] > 0 for n in year["nights"])
+    history = [n["history_rows"] for n in year["nights"]]
+    assert history == sorted(history) and history[-1] > history[0] > 0
+    assert year["window"] == 2 and year["first_30_nights_s"] > 0 and year["last_30_nights_s"] > 0
+    assert year["file_mib_first"] > 0 and year["file_mib_last"] > 0
+    assert 0 <= year["dead_space_fraction_max"] < 0.2
+    assert "live records equal the source's: yes" in run.stdout
