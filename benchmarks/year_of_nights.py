@@ -60,6 +60,7 @@ class Night:
     night: int
     changes: int  # records inserted, updated or deleted at the source that day
     warehouse_s: float  # lake + loads + models
+    warehouse_cpu_s: float  # the same stages' CPU, every thread of this process
     lake_s: float
     load_s: float
     models_s: float
@@ -221,7 +222,7 @@ def night(
     """The nightly's warehouse work for one day's records, timed by stage."""
     work = working_path(published)
     run_id = f"night-{number:04d}"
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     batches = lake_batches(lake, day, run_id, store)
     lake_done = time.perf_counter()
     with Warehouse(work) as wh:
@@ -230,7 +231,7 @@ def night(
             wh.load(entity, [path], run_id=run_id, snapshot=number == 0)
     loads_done = time.perf_counter()
     build_models(work)
-    models_done = time.perf_counter()
+    models_done, models_cpu = time.perf_counter(), time.process_time()
     publish(work, published)
     published_at = time.perf_counter()
     mib, history, clinical, dead = file_figures(work)
@@ -238,6 +239,7 @@ def night(
         night=number,
         changes=sum(len(r) + len(g) for r, g in day.values()),
         warehouse_s=round(models_done - started, 3),
+        warehouse_cpu_s=round(models_cpu - cpu, 3),
         lake_s=round(lake_done - started, 3),
         load_s=round(loads_done - lake_done, 3),
         models_s=round(models_done - loads_done, 3),
@@ -268,10 +270,14 @@ def summary(nights: list[Night], window: int) -> dict[str, Any]:
         "clinical_rows_first": nights[0].clinical_rows,
         "clinical_rows_last": nights[-1].clinical_rows,
     }
-    for stage in ("lake_s", "load_s", "models_s", "publish_s", "changes"):
+    for stage in ("warehouse_cpu_s", "lake_s", "load_s", "models_s", "publish_s", "changes"):
         figures[f"{stage}_first"] = mean(first, stage)
         figures[f"{stage}_last"] = mean(last, stage)
     figures["ratio"] = round(figures["last_30_nights_s"] / figures["first_30_nights_s"], 2)
+    figures["cpu_ratio"] = round(
+        figures["warehouse_cpu_s_last"] / figures["warehouse_cpu_s_first"], 2
+    )
+    figures["compactions"] = sum(1 for n in nights if n.dead_space == 0.0)
     return figures
 
 
@@ -298,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         print(
-            f"{'night':>5} {'changes':>8} {'warehouse s':>11} {'loads s':>8} {'models s':>8} "
+            f"{'night':>5} {'changes':>8} {'warehouse s':>11} {'CPU s':>6} {'loads s':>8} {'models s':>8} "
             f"{'publish s':>9} {'file MiB':>9} {'history rows':>12} {'dead space':>10}"
         )
         for number in range(1, args.days + 1):
@@ -306,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             n = night(number, log.take(), store, lake, published)
             nights.append(n)
             print(
-                f"{n.night:>5} {n.changes:>8,} {n.warehouse_s:>11.3f} {n.load_s:>8.3f} "
+                f"{n.night:>5} {n.changes:>8,} {n.warehouse_s:>11.3f} {n.warehouse_cpu_s:>6.2f} "
+                f"{n.load_s:>8.3f} "
                 f"{n.models_s:>8.3f} {n.publish_s:>9.3f} {n.file_mib:>9.1f} "
                 f"{n.history_rows:>12,} {n.dead_space:>10.3f}",
                 flush=True,
@@ -318,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nscale {args.scale:g}, {args.days} nights in {seconds} s: warehouse s a night "
         f"{figures['first_30_nights_s']:.3f} (first {window}) -> {figures['last_30_nights_s']:.3f} "
-        f"(last {window}) = {figures['ratio']}x (target <= {RATIO_TARGET}); "
+        f"(last {window}) = {figures['ratio']}x (target <= {RATIO_TARGET}), CPU s "
+        f"{figures['warehouse_cpu_s_first']:.3f} -> {figures['warehouse_cpu_s_last']:.3f} = "
+        f"{figures['cpu_ratio']}x; {figures['compactions']} compactions; "
         f"file {figures['file_mib_first']:.1f} -> {figures['file_mib_last']:.1f} MiB; "
         f"history rows {figures['history_rows_first']:,} -> {figures['history_rows_last']:,}; "
         f"clinical rows {figures['clinical_rows_first']:,} -> {figures['clinical_rows_last']:,}; "
