@@ -45,7 +45,8 @@ ADVICE: dict[type[Exception], str] = {
     WarehouseLocked: "wait for the other sync to finish, then run again",
     ConfigError: "correct the setting named above, then run again",
     duckdb.OutOfMemoryException: (
-        "raise WAREHOUSE_MEMORY_LIMIT (say 512MB), then run again: what committed stays"
+        "raise WAREHOUSE_MEMORY_LIMIT (docs/SIZING.md: what each scale needs), then run "
+        "again: what committed stays"
     ),
 }
 DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
