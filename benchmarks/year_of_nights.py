@@ -281,6 +281,27 @@ def summary(nights: list[Night], window: int) -> dict[str, Any]:
     return figures
 
 
+def write_json(
+    args: argparse.Namespace, full: Night, nights: list[Night], seconds: float, exact: bool | None
+) -> None:
+    """The year so far (written after every night: a run stopped early keeps its nights) or
+    whole; `equals_source` is null until the last night is checked."""
+    window = min(WINDOW, len(nights) // 2)
+    document = {
+        "scale": args.scale,
+        "days": args.days,
+        "nights_done": len(nights),
+        "seconds": seconds,
+        "equals_source": exact,
+        "first_sync": asdict(full),
+        **(summary(nights, window) if window else {}),
+        "nights": [asdict(n) for n in nights],
+    }
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=10)
@@ -318,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n.history_rows:>12,} {n.dead_space:>10.3f}",
                 flush=True,
             )
+            if args.json:
+                write_json(args, full, nights, round(time.perf_counter() - began, 1), None)
         exact = equals_source(working_path(published), store)
     window = min(WINDOW, len(nights) // 2)
     figures = summary(nights, window)
@@ -335,16 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         f"live records equal the source's: {'yes' if exact else 'NO'}"
     )
     if args.json:
-        document = {
-            "scale": args.scale,
-            "days": args.days,
-            "seconds": seconds,
-            "equals_source": exact,
-            "first_sync": asdict(full),
-            **figures,
-            "nights": [asdict(n) for n in nights],
-        }
-        args.json.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        write_json(args, full, nights, seconds, exact)
     return 0 if exact else 1
 
 
