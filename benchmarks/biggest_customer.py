@@ -33,10 +33,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb
 
+from benchmarks import key_types
 from benchmarks.common import RESULTS, record, sandbox_process
-from benchmarks.measure import MIB, console_script, run_measured, server_figures, sync_env
+from benchmarks.measure import (
+    MIB,
+    child_env,
+    console_script,
+    run_measured,
+    server_figures,
+    sync_env,
+)
 from connectors.sandbox.control import SandboxControl
+from warehouse import ddl
 from warehouse.memory import MEMORY_LIMIT_VARIABLE, memory_limit
+from warehouse.publish import publish
 
 UNLIMITED = 1000  # the client's requests per second and burst: the rate limit off
 DAY = {
@@ -109,6 +119,43 @@ def one_run(scale: float, root: Path) -> dict[str, Any]:
     }
 
 
+def models_builds(scale: float, builds: int, root: Path) -> dict[str, Any]:
+    """The step that ran out of memory at scale 300, alone: the scale's records made in SQL
+    (benchmarks/key_types.py, today's types), then the models built `builds` times, each in
+    a child process under the default cap (`Warehouse.refresh_models`, as a run's step), and
+    the file published once."""
+    path = root / "warehouse.duckdb"
+    started = time.perf_counter()
+    key_types.build(path, key_types.after, scale)
+    with duckdb.connect(str(path)) as con:
+        for statement in ddl.ops_table("models"):
+            con.execute(statement)
+    made_s = round(time.perf_counter() - started, 1)
+    runs = []
+    for _ in range(builds):
+        cmd = [sys.executable, key_types.__file__, "--build", "tables", str(path)]
+        run = run_measured(cmd, child_env({}), root, timeout=3600)
+        runs.append(
+            {
+                "wall_s": run.seconds,
+                "cpu_s": run.cpu_seconds,
+                "peak_rss_mib": run.peak_rss_mib,
+                "exit": run.returncode,
+                "error": "\n".join(run.stderr.strip().splitlines()[-3:]) if run.returncode else "",
+            }
+        )
+        print(f"  models built: {runs[-1]}", flush=True)
+    published = publish(path, root / "published.duckdb")
+    return {
+        "scale": scale,
+        "made_s": made_s,
+        "builds": runs,
+        "failures": sum(1 for r in runs if r["exit"]),
+        "publish_s": published.seconds,
+        "file_mib": round(published.bytes / MIB, 1),
+    }
+
+
 def show(run: dict[str, Any]) -> None:
     print(
         f"\nscale {run['scale']:g} (sandbox ready in {run['sandbox_start_s']} s), "
@@ -137,10 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scales", type=float, nargs="+", default=[1, 10, 50, 300])
     parser.add_argument("--repeat", type=int, default=3, help="runs at the largest scale")
     parser.add_argument("--no-record", action="store_true", help="leave results.json alone")
+    parser.add_argument(
+        "--models-builds",
+        type=int,
+        metavar="N",
+        help="only the models step at each scale, N times, on records made in SQL",
+    )
     args = parser.parse_args(argv)
     if os.environ.get(MEMORY_LIMIT_VARIABLE):
         parser.error(f"unset {MEMORY_LIMIT_VARIABLE}: this measures the default")
     print(f"memory limit by default on this machine: {memory_limit()}")
+    if args.models_builds:
+        steps = []
+        for scale in args.scales:
+            with tempfile.TemporaryDirectory(prefix=f"bench-models-{scale:g}-") as tmp:
+                steps.append(models_builds(scale, args.models_builds, Path(tmp)))
+            print(f"scale {scale:g}: {steps[-1]}", flush=True)
+        failed = sum(s["failures"] for s in steps)
+        print(f"{sum(len(s['builds']) for s in steps)} builds, {failed} failed (target 0)")
+        if not args.no_record:
+            record("biggest_customer_models", {"memory_limit": memory_limit(), "scales": steps})
+        return 1 if failed else 0
     runs = []
     largest = max(args.scales)
     for scale in args.scales:
