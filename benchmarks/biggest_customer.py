@@ -214,15 +214,36 @@ def main(argv: list[str] | None = None) -> int:
             show(runs[-1])
     failures = sum(r["failed"] for r in runs)
     print(f"\n{len(runs)} runs, {failures} failed (target 0)")
+    kept = [] if args.no_record else [r for r in recorded_runs() if r["scale"] not in args.scales]
+    every = sorted([*kept, *runs], key=lambda r: (r["scale"], r.get("attempt", 1)))
+    print(side_by_side(every))
     if not args.no_record:
-        kept = [r for r in recorded_runs() if r["scale"] not in args.scales]
-        every = sorted([*kept, *runs], key=lambda r: (r["scale"], r.get("attempt", 1)))
         failed = sum(r["failed"] for r in every)
         record(
             "biggest_customer",
             {"memory_limit": memory_limit(), "runs": every, "failures": failed},
         )
     return 1 if failures else 0
+
+
+def side_by_side(runs: list[dict[str, Any]]) -> str:
+    """One line per run, every scale measured (this invocation's and results.json's): how
+    time and memory grow with the data."""
+    lines = [
+        "\nscale  run    records   full s  CPU s  peak MiB  records/s   nightly s  CPU s  "
+        "peak MiB   file MiB  failed"
+    ]
+    for run in runs:
+        stages = {s["stage"]: s for s in run["stages"]}
+        full, night = stages["full"], stages.get("nightly", {})
+        lines.append(
+            f"{run['scale']:>5g}  {run.get('attempt', 1):>3}  {full['records']:>9,}  "
+            f"{full['wall_s']:>7.1f}  {full['cpu_s']:>5.1f}  {full['peak_rss_mib']:>8.1f}  "
+            f"{full['records_per_s']:>9,}   {night.get('wall_s', 0):>9.1f}  "
+            f"{night.get('cpu_s', 0):>5.1f}  {night.get('peak_rss_mib', 0):>8.1f}   "
+            f"{night.get('file_mib', full['file_mib']):>8.1f}  {run['failed']:>6}"
+        )
+    return "\n".join(lines)
 
 
 def recorded_runs() -> list[dict[str, Any]]:

@@ -237,3 +237,35 @@ def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
     assert year["file_mib_first"] > 0 and year["file_mib_last"] > 0
     assert 0 <= year["dead_space_fraction_max"] < 0.2
     assert "live records equal the source's: yes" in run.stdout
+
+
+def biggest_customer(*args: str) -> tuple[list[str], dict[str, str]]:
+    script = DLT_SOURCE.parent / "biggest_customer.py"
+    env = child_env({})
+    env.pop("WAREHOUSE_MEMORY_LIMIT", None)  # it measures the default
+    return [sys.executable, str(script), "--scales", "0.05", "--no-record", *args], env
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)  # two syncs and a sandbox: a minute alone, more on a shared machine
+def test_biggest_customer_runs_full_day_and_nightly_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/biggest_customer.py at a tiny size: a full sync, the day of changes and a
+    nightly, each measured, with the default memory cap and no failure."""
+    cmd, env = biggest_customer("--repeat", "1")
+    run = run_measured(cmd, env, tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "memory limit by default on this machine: " in run.stdout
+    for stage in ("full", "day of changes (source)", "nightly"):
+        assert any(line.strip().startswith(stage) for line in run.stdout.splitlines()), stage
+    assert "1 runs, 0 failed" in run.stdout
+    row = run.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "0.05" and row[-1] == "0" and int(row[2].replace(",", "")) > 0
+
+
+def test_biggest_customer_builds_the_models_alone_under_the_default_cap(tmp_path: Path) -> None:
+    """`--models-builds`: the step that ran out of memory at scale 300, on records made in
+    SQL, in a child process, then published."""
+    cmd, env = biggest_customer("--models-builds", "1")
+    run = run_measured(cmd, env, tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "1 builds, 0 failed" in run.stdout
