@@ -205,24 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_record:
             record("biggest_customer_models", {"memory_limit": memory_limit(), "scales": steps})
         return 1 if failed else 0
-    runs = []
+    runs: list[dict[str, Any]] = []
+    kept = [] if args.no_record else [r for r in recorded_runs() if r["scale"] not in args.scales]
     largest = max(args.scales)
     for scale in args.scales:
         for attempt in range(args.repeat if scale == largest else 1):
             with tempfile.TemporaryDirectory(prefix=f"bench-biggest-{scale:g}-") as tmp:
                 runs.append({**one_run(scale, Path(tmp)), "attempt": attempt + 1})
             show(runs[-1])
+            if not args.no_record:  # after every run: a scale of hours stopped keeps the rest
+                save([*kept, *runs])
     failures = sum(r["failed"] for r in runs)
     print(f"\n{len(runs)} runs, {failures} failed (target 0)")
-    kept = [] if args.no_record else [r for r in recorded_runs() if r["scale"] not in args.scales]
-    every = sorted([*kept, *runs], key=lambda r: (r["scale"], r.get("attempt", 1)))
-    print(side_by_side(every))
-    if not args.no_record:
-        failed = sum(r["failed"] for r in every)
-        record(
-            "biggest_customer",
-            {"memory_limit": memory_limit(), "runs": every, "failures": failed},
-        )
+    print(side_by_side(sorted([*kept, *runs], key=lambda r: (r["scale"], r["attempt"]))))
     return 1 if failures else 0
 
 
@@ -244,6 +239,12 @@ def side_by_side(runs: list[dict[str, Any]]) -> str:
             f"{night.get('file_mib', full['file_mib']):>8.1f}  {run['failed']:>6}"
         )
     return "\n".join(lines)
+
+
+def save(runs: list[dict[str, Any]]) -> None:
+    every = sorted(runs, key=lambda r: (r["scale"], r.get("attempt", 1)))
+    failed = sum(r["failed"] for r in every)
+    record("biggest_customer", {"memory_limit": memory_limit(), "runs": every, "failures": failed})
 
 
 def recorded_runs() -> list[dict[str, Any]]:
