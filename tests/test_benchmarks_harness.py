@@ -252,7 +252,7 @@ def test_biggest_customer_runs_full_day_and_nightly_side_by_side(tmp_path: Path)
     """benchmarks/biggest_customer.py at a tiny size: a full sync, the day of changes and a
     nightly, each measured, with the default memory cap and no failure."""
     cmd, env = biggest_customer("--repeat", "1")
-    run = run_measured(cmd, env, tmp_path, timeout=600)
+    run = run_measured(cmd, env, tmp_path, timeout=840)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "memory limit by default on this machine: " in run.stdout
     for stage in ("full", "day of changes (source)", "nightly"):
