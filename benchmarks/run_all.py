@@ -42,7 +42,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "worker_sizing": ["--scale", "0.2"],
     "tenants_parallel": ["--tenants", "3", "--scale", "0.2"],
     "biggest_customer": ["--scales", "1", "--repeat", "1", "--no-record"],
-    "year_of_nights": ["--scale", "0.5", "--days", "10"],
+    "year_of_nights": ["--scale", "0.5", "--days", "10", "--no-record"],
 }
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import record
 from connectors.clinical_records.catalogue import ALL_ENTITIES, DOCUMENTS, EntitySet
 from connectors.sandbox.store import Store
 from warehouse import ddl
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=365)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, help="write every night and the summary here")
+    parser.add_argument("--no-record", action="store_true", help="leave results.json alone")
     args = parser.parse_args(argv)
     if args.days < 2:
         parser.error("--days: at least 2 nights to compare")
@@ -359,6 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         write_json(args, full, nights, seconds, exact)
+    if not args.no_record:
+        record(
+            "year_of_nights",
+            {
+                "scale": args.scale,
+                "days": args.days,
+                "seconds": seconds,
+                "equals_source": exact,
+                **figures,
+            },
+        )
     return 0 if exact else 1
 
 

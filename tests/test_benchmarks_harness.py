@@ -225,6 +225,7 @@ def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
     script = DLT_SOURCE.parent / "year_of_nights.py"
     out = tmp_path / "year.json"
     cmd = [sys.executable, str(script), "--scale", "0.05", "--days", "4", "--json", str(out)]
+    cmd += ["--no-record"]
     run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     year = json.loads(out.read_text())
