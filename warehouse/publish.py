@@ -27,6 +27,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+
 from warehouse import vacuum
 from warehouse.ident import literal, quote
 from warehouse.load import Warehouse
@@ -108,7 +110,10 @@ def publish(
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}{PUBLISHING}")
         try:
             if vacuum.file_is_due(wh.con):
-                _compact(wh, work)
+                try:
+                    _compact(wh, work)
+                except (duckdb.Error, OSError) as exc:  # a full disk: publish it as it is
+                    log.warning("warehouse %s not written compactly: %s", work.name, exc)
             size = _copy(work, partial)
             os.replace(partial, target)
         finally:
