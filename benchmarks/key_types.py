@@ -51,9 +51,10 @@ from connectors.clinical_records.catalogue import (
 from connectors.sandbox.columns import HOME
 from connectors.sandbox.generator import size_of
 from warehouse import ddl
-from warehouse.connection import Transaction, memory_limit
+from warehouse.connection import Transaction
 from warehouse.ident import literal, qualified, quote
 from warehouse.load import Warehouse
+from warehouse.memory import memory_limit
 from warehouse.models import models
 from warehouse.publish import publish
 

@@ -30,6 +30,7 @@ from connectors.clinical_records.catalogue import FAMILIES
 from connectors.clinical_records.errors import ClinicalApiError, ConfigError
 from pipelines import home, tenants
 from pipelines.tenants import TENANTS_VARIABLE, Secret, Tenant, Tenants, TenantsFileError
+from warehouse.memory import RUNS_VARIABLE
 from warehouse.private import create_private, private_dir
 
 if TYPE_CHECKING:
@@ -225,6 +226,8 @@ def sync_all(args: argparse.Namespace, command: Callable[[Sequence[str]], int]) 
     with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)
+        # The tenants' warehouses share this machine's memory (warehouse/memory.py).
+        os.environ.setdefault(RUNS_VARIABLE, str(max(1, min(limit, len(found)))))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         folder = private_dir(home.dagster_home() / "logs" / f"sync-all-tenants-{stamp}")
         flags = _passed_on(args)
