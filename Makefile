@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install postgresql demo test ui-test lint format dev sandbox bench soak clean
+.PHONY: install postgresql demo test ui-test docs lint format dev sandbox bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ ui-test: $(STAMP)
 		|| ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
 	CLINICAL_CHROMIUM=$(CHROMIUM) CLINICAL_UI_REQUIRED=1 $(BIN)/python -m pytest -m ui
 
+# The manual (docs/) as a site in site/, by mkdocs (the `docs` extra, which `dev` includes):
+# --strict fails on a link to a missing page or heading and on a page left out of mkdocs.yml's
+# nav. NO_MKDOCS_2_WARNING: the Material theme's notice about its own future, not about ours.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -68,8 +74,11 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/run_all.py
 
+# The simulation's 20,000 seeds (SOAK_SEEDS), then the reliability suite at 10x its CI size.
+SOAK_SEEDS ?= 0:20000
 soak: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m tests.simulation --seeds $(SOAK_SEEDS) --workers $(TEST_WORKERS)
 	CLINICAL_SOAK=1 $(BIN)/python -m pytest -m reliability
 
 clean:
-	rm -rf $(VENV) data artefacts *.egg-info
+	rm -rf $(VENV) data artefacts site *.egg-info

@@ -121,8 +121,16 @@ def machine() -> dict[str, object]:
     }
 
 
+def add_record_option(parser: argparse.ArgumentParser) -> None:
+    """`--record`: a script prints its figures; only when asked does it keep them (run_all.py
+    asks), so a trial run or a test leaves the recorded figures as they were."""
+    parser.add_argument(
+        "--record", action="store_true", help="merge the figures into benchmarks/results.json"
+    )
+
+
 def record(name: str, figures: dict[str, object]) -> None:
-    """Merge one benchmark's figures into benchmarks/results.json."""
+    """Merge one benchmark's figures into benchmarks/results.json (with `--record` only)."""
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[name] = {
         "figures": figures,

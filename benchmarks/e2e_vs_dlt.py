@@ -30,7 +30,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_sandbox_options, record, sandbox_args, sandbox_process
+from benchmarks.common import (
+    add_record_option,
+    add_sandbox_options,
+    record,
+    sandbox_args,
+    sandbox_process,
+)
 from benchmarks.measure import (
     ProcessFigures,
     ServerFigures,
@@ -274,6 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-reconcile", action="store_true", help="skip our closing sync --full")
     parser.add_argument("--dlt-parallel", action="store_true", help="dlt's parallelized=True")
     parser.add_argument("--workdir", type=Path, help="keep the files here (default: temp)")
+    add_record_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.scale = 1
@@ -379,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
             result = benchmark(args, Path(tmp))
-    record("e2e_vs_dlt", report(args, result))
+    if args.record:
+        record("e2e_vs_dlt", report(args, result))
 
 
 if __name__ == "__main__":

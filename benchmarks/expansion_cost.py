@@ -46,7 +46,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from benchmarks.e2e_vs_dlt import last_error
 from benchmarks.measure import (
     child_env,
@@ -358,7 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="seconds a sandbox token lives for ours (default: the spec's 300)",
     )
-    parser.add_argument("--no-record", action="store_true", help="do not write results.json")
+    add_record_option(parser)
     return parser.parse_args(argv)
 
 
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = show(name, variant(args, name, Path(tmp)), args)
             figures[name] = shown
             passed &= all(v == "PASS" for v in shown["targets"].values())
-    if not args.no_record:
+    if args.record:
         record("expansion_cost", figures)
     print(f"\nall targets: {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1

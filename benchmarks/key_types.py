@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb
 
-from benchmarks.common import ROOT, record
+from benchmarks.common import ROOT, add_record_option, record
 from benchmarks.measure import MIB, child_env, failure, run_measured
 from connectors.clinical_records.catalogue import (
     ENTITY_SETS,
@@ -51,9 +51,10 @@ from connectors.clinical_records.catalogue import (
 from connectors.sandbox.columns import HOME
 from connectors.sandbox.generator import size_of
 from warehouse import ddl
-from warehouse.connection import Transaction, memory_limit
+from warehouse.connection import Transaction
 from warehouse.ident import literal, qualified, quote
 from warehouse.load import Warehouse
+from warehouse.memory import memory_limit
 from warehouse.models import models
 from warehouse.publish import publish
 
@@ -285,6 +286,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=50)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--build", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    add_record_option(parser)
     args = parser.parse_args()
     if args.build:  # the child process of `measured_build`
         kind, path = args.build
@@ -296,7 +298,8 @@ def main() -> None:
         seconds, answers = measure(paths, args.repeats)
         published = {n: publish_seconds(paths[n], Path(tmp)) for n in ("views", "after")}
     same = all(answers[n] == answers["before"] for n in LAYOUTS)  # the same records, linked alike
-    record("key_types", report(args.scale, args.repeats, seconds, same, builds, published))
+    if args.record:
+        record("key_types", report(args.scale, args.repeats, seconds, same, builds, published))
 
 
 if __name__ == "__main__":

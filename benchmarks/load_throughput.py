@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record
+from benchmarks.common import add_record_option, record
 from benchmarks.measure import last_json_line
 from connectors.clinical_records.catalogue import APPOINTMENTS, PAGE_SIZE
 from connectors.clinical_records.decode import decode_json
@@ -305,6 +305,7 @@ def main() -> None:
     )
     parser.add_argument("--child", choices=["ours", "dlt"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    add_record_option(parser)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.work, args)
@@ -366,7 +367,8 @@ def main() -> None:
             )
         for target, met in targets.items():
             print(f"target {target}: {'met' if met else 'NOT met'}")
-        record("load_throughput", figures)
+        if args.record:
+            record("load_throughput", figures)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

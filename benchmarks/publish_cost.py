@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from benchmarks.measure import console_script, failure, run_measured, sync_env
 from benchmarks.scaling import loaded_records
 from warehouse.publish import publish, working_path
@@ -76,6 +76,7 @@ def one_scale(scale: float, root: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", type=float, nargs="+", default=[10, 50])
+    add_record_option(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as tmp:
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['copy_from_database_comments']} of {r['comments']} column comments",
                 flush=True,
             )
-    record("publish_cost", {"scales": rows})
+    if args.record:
+        record("publish_cost", {"scales": rows})
 
 
 if __name__ == "__main__":

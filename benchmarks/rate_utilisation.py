@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_sandbox_options, limited_sandbox, record
+from benchmarks.common import add_record_option, add_sandbox_options, limited_sandbox, record
 from connectors.clinical_records.catalogue import APPOINTMENTS
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.settings import Settings
@@ -28,6 +28,7 @@ from connectors.sandbox.control import SandboxControl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_sandbox_options(parser, scale=2.5, latency=0.8)
+    add_record_option(parser)
     args = parser.parse_args()
     with limited_sandbox(args) as (env, _):
         settings = Settings.from_env(env, dotenv_path=None)
@@ -53,7 +54,8 @@ def main() -> None:
     }
     for name, value in figures.items():
         print(f"{name:28} {value}")
-    record("rate_utilisation", figures)
+    if args.record:
+        record("rate_utilisation", figures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from benchmarks.truth import compare_warehouse
 from connectors.clinical_records.catalogue import ENTITY_SETS
 from connectors.sandbox.control import SandboxControl
@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=10.0)
     parser.add_argument("--drift-every", type=int, nargs="+", default=[100, 50, 20])
     parser.add_argument("--drift-seeds", type=int, nargs="+", default=list(range(1, 9)))
+    add_record_option(parser)
     args = parser.parse_args()
 
     still, _, _ = full_sync(args.scale, 0)
@@ -104,7 +105,8 @@ def main() -> int:
         )
     verdict = "PASS" if spreads[0][1] <= 0.05 else "FAIL"
     print(f"target: at most +5.0% on average at drift every {args.drift_every[0]}: {verdict}")
-    record("reconcile_cost", figures)
+    if args.record:
+        record("reconcile_cost", figures)
     return 0 if verdict == "PASS" else 1
 
 

@@ -1,8 +1,8 @@
 """Run every benchmark script, then write BENCHMARKS.md: the machine, the commands, the figures.
 
-Each script runs alone in its own process (`python benchmarks/<name>.py`), prints its
-figures and records them in benchmarks/results.json; this collects what they printed and
-what they recorded. A failing script is reported and the others still run.
+Each script runs alone in its own process (`python benchmarks/<name>.py --record`), prints
+its figures and, asked by `--record`, records them in benchmarks/results.json; this collects
+what they printed and what they recorded. A failing script is reported and the others still run.
 
 Run: .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME ...] [--report-only]
 (`make bench` runs it with the bench extra installed.)
@@ -41,6 +41,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "reconcile_cost": ["--scale", "1", "--drift-every", "20", "--drift-seeds", "1", "2"],
     "worker_sizing": ["--scale", "0.2"],
     "tenants_parallel": ["--tenants", "3", "--scale", "0.2"],
+    "biggest_customer": ["--scales", "1", "--repeat", "1"],
+    "year_of_nights": ["--scale", "0.5", "--days", "10"],
 }
 
 
@@ -58,7 +60,7 @@ def scripts() -> list[str]:
 
 
 def run_script(name: str, quick: bool) -> ScriptRun:
-    args = QUICK_ARGS.get(name, []) if quick else []
+    args = [*(QUICK_ARGS.get(name, []) if quick else []), "--record"]
     cmd = [sys.executable, str(HERE / f"{name}.py"), *args]
     shown = " ".join([".venv/bin/python", f"benchmarks/{name}.py", *args])
     print(f"\n=== {shown}", flush=True)
@@ -152,7 +154,7 @@ def write_report(names: list[str], runs: dict[str, ScriptRun], command: str) -> 
         "",
         "Written by `benchmarks/run_all.py` (`make bench`); machine-readable figures are in",
         "`benchmarks/results.json`. Each script can also be run alone; its docstring says how",
-        "and what it targets.",
+        "and what it targets, and it adds its figures to results.json only with `--record`.",
         "",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: `{command}`.",
         "",

@@ -18,7 +18,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from connectors.clinical_records.auth import TokenProvider
 from connectors.clinical_records.settings import Settings
 
@@ -69,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=10)
     parser.add_argument("--pages", type=int, default=300)
+    add_record_option(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     with sandbox_process("--scale", str(args.scale)) as env:
@@ -92,7 +93,8 @@ def main() -> None:
         f = figures[mode]
         print(f"  {what}: median {f['median_ms']} ms, p99 {f['p99_ms']} ms")
     print("  target: median under 10 ms")
-    record("sandbox_latency", figures)
+    if args.record:
+        record("sandbox_latency", figures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from benchmarks.measure import console_script, failure, run_measured, server_figures, sync_env
 from benchmarks.truth import compare_warehouse, summary
 from connectors.clinical_records.catalogue import ENTITY_SETS
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         default=10,
         help="compare with the ground truth up to this scale (the check is slow beyond)",
     )
+    add_record_option(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         f"peak RSS at scale {last['scale']:g} / scale {first['scale']:g} = {growth} "
         f"(target <= 1.5); records/s from {first['records_per_s']:,} to {last['records_per_s']:,}"
     )
-    record("scaling", {"scales": rows, "rss_growth": growth})
+    if args.record:
+        record("scaling", {"scales": rows, "rss_growth": growth})
 
 
 if __name__ == "__main__":

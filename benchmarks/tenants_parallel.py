@@ -18,7 +18,7 @@ machine's cores were each second: where tenants move in step and the cores idle 
 
 Run (the machine is shared: under nice, and say so):
     nice -n 10 .venv/bin/python benchmarks/tenants_parallel.py [--tenants 10] [--scale 1]
-        [--rate 5] [--burst 10] [--night-hours 8] [--postgres] [--timeline] [--no-record]
+        [--rate 5] [--burst 10] [--night-hours 8] [--postgres] [--timeline] [--record]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_server
+from benchmarks.common import add_record_option, record, sandbox_server
 from benchmarks.measure import MIB, child_env, console_script, failure, run_measured
 from connectors.clinical_records.postgres import POSTGRES_VARIABLE
 from connectors.sandbox.control import SandboxControl
@@ -101,7 +101,7 @@ def main() -> None:
         action="store_true",
         help="print each tenant's steps and the cores' busy share per second (not recorded)",
     )
-    parser.add_argument("--no-record", action="store_true", help="do not write results.json")
+    add_record_option(parser)
     args = parser.parse_args()
     cli = console_script("clinical-sync")
     work = Path(tempfile.mkdtemp(prefix="tenants-bench-"))
@@ -216,7 +216,7 @@ def main() -> None:
     }
     for name, value in figures.items():
         print(f"{name:32} {value}")
-    if not args.no_record:
+    if args.record:
         record("tenants_parallel_postgres" if args.postgres else "tenants_parallel", figures)
 
 

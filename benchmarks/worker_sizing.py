@@ -33,7 +33,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import record, sandbox_process
+from benchmarks.common import add_record_option, record, sandbox_process
 from benchmarks.measure import child_env
 from connectors.sandbox.control import SandboxControl
 from connectors.sandbox.ratelimit import most_in_window
@@ -264,6 +264,7 @@ def main() -> None:
     parser.add_argument(
         "--deployed", action="store_true", help="also one run through the daemon (multiprocess)"
     )
+    add_record_option(parser)
     args = parser.parse_args()
     results: dict[str, object] = {"load_average_at_start": round(os.getloadavg()[0], 1)}
     with postgres_server() as server:
@@ -294,7 +295,8 @@ def main() -> None:
         f"load average: {results['load_average_at_start']} at start, "
         f"{results['load_average_at_end']} at end (the machine is shared)"
     )
-    record("worker_sizing", results)
+    if args.record:
+        record("worker_sizing", results)
 
 
 if __name__ == "__main__":

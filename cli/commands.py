@@ -9,22 +9,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli import exit_codes
 from cli import log as cli_log
+from cli.output import alert_lines, format_table, status_json, status_text, tell
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
-from warehouse.figures import Figure
 
 if TYPE_CHECKING:
-    from pipelines.webhook import Delivery
-    from warehouse.load import EntityStatus
+    pass
 
 
 @contextmanager
@@ -37,15 +35,15 @@ def terminal_progress() -> Iterator[None]:
 
 
 def sync(args: argparse.Namespace) -> int:
-    from cli.tenants import chosen, sync_all
+    """One run in this process: the one customer's, or with `--tenant` a tenant's (main.py
+    forks one such process per tenant for `--all-tenants`)."""
+    from cli.tenants import chosen
     from pipelines.runner import check_configuration
     from pipelines.runner import sync as run_sync
 
-    if args.all_tenants:
-        return sync_all(args)
     tenant = chosen(args.tenant)  # None: the one customer of the environment
     # every configuration problem first, before a log file or a run
-    webhook = check_configuration(os.environ, tenant)
+    checked = check_configuration(os.environ, tenant)
     log = cli_log.log_file(f"sync {tenant.name}" if tenant else "sync")
     cli_log.capture(log, verbose=args.verbose)
     with (
@@ -66,7 +64,7 @@ def sync(args: argparse.Namespace) -> int:
             # Dagster's own lines (a trace per failed step) go to the log file, not here.
             log_level="WARNING" if args.verbose else "CRITICAL",
             tags={"clinical-sync/command": "sync"},
-            webhook=webhook,
+            checked=checked,
             read_rotation=args.read_rotation,
             say=tell,
         )
@@ -79,7 +77,7 @@ def sync(args: argparse.Namespace) -> int:
         shown = ", ".join(steps[:2]) + (f" and {len(steps) - 2} more" if len(steps) > 2 else "")
         what = f"sync run {report.run_id[:8]} failed in {shown or 'its setup'}"
         why = report.failure_reason or report.failure or "the run failed"
-        lines = cli_log.explain(what, why, report.failure_kind, log)
+        lines = cli_log.explain(what, why, report.failure_kind, log, tenant)
         print("\n".join([*lines, *alert_lines(report.alert)]), file=sys.stderr)
         return exit_codes.FAILED
     print(report.table())
@@ -96,20 +94,6 @@ def sync(args: argparse.Namespace) -> int:
         lines.append(f"  {ending.entity}: may differ by {ending.unreconciled:,}; failed {names}")
     print("\n".join([*lines, *alert_lines(report.alert)]), file=sys.stderr)
     return exit_codes.NOT_EXACT
-
-
-def tell(line: str) -> None:
-    """A line for the operator while a command works: that it waits, what it found."""
-    print(f"clinical-sync: {line}", file=sys.stderr, flush=True)
-
-
-def alert_lines(delivery: Delivery | None) -> list[str]:
-    """What became of the run's message, when one was due (no URL: the host alone)."""
-    return [] if delivery is None else [f"  alert: {delivery}"]
-
-
-def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
 def status(args: argparse.Namespace) -> int:
@@ -161,112 +145,6 @@ def end_orphans_of(warehouse: str | Path | None, tenants_file: Path | None = Non
                 f"run {run_id[:8]} had died without finishing: recorded killed in "
                 f"{place.warehouse}'s ops.sync_runs (its next sync publishes it)"
             )
-
-
-def status_text(states: Sequence[EntityStatus]) -> str:
-    """The table, under a line that says so when a set's last run did not end exact."""
-    return "\n".join([*not_exact_lines(states), status_table(states)])
-
-
-def not_exact_lines(states: Sequence[EntityStatus]) -> list[str]:
-    """The line above the table when a set's last run did not end equal to the source."""
-    wrong = [s for s in states if s.last_result is not None and not s.last_result.exact]
-    if not wrong:
-        return []
-    named = ", ".join(
-        f"{s.entity} (by {s.last_result.unreconciled:,}; {', '.join(s.last_result.failed_checks)})"
-        for s in wrong
-        if s.last_result is not None
-    )
-    return [f"NOT EXACT: {len(wrong)} entity sets may differ from the source: {named}"]
-
-
-def status_table(states: Sequence[EntityStatus]) -> str:
-    """Per entity set; `rows` are live rows, as in the sync's summary and the demo's; `kept
-    raw`, records loaded with a value that did not fit its column (in `_extras`)."""
-    rows = [
-        (
-            "entity set",
-            "rows",
-            "deleted",
-            "rejects",
-            "kept raw",
-            "watermark",
-            "last run",
-            "loaded at",
-            "exact",
-            "differs by",
-            "failed checks",
-            "stale h",
-        )
-    ]
-    for s in states:
-        result = s.last_result
-        rows.append(
-            (
-                s.entity,
-                f"{s.rows - s.deleted:,}",
-                f"{s.deleted:,}",
-                f"{s.rejects:,}",
-                f"{s.unfit:,}",
-                s.watermark or "-",
-                (s.last_run_id or "-")[:8],
-                _when(s.last_loaded_at),
-                "-" if result is None else "yes" if result.exact else "NO",
-                "-" if result is None else f"{result.unreconciled:,}",
-                ", ".join(result.failed_checks) if result and result.failed_checks else "-",
-                _hours(result.staleness_hours if result else None),
-            )
-        )
-    return format_table(rows)
-
-
-def _hours(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "never" if value < 0 else f"{value:,.1f}"
-
-
-def status_json(
-    states: Sequence[EntityStatus], path: str | Path, tenant: str | None = None
-) -> dict[str, object]:
-    """`status --json`: the keys are a contract (README, status), added to, never renamed."""
-    results = [s.last_result for s in states if s.last_result is not None]
-    sets = []
-    for s in states:
-        result = s.last_result
-        sets.append(
-            {
-                "entity": s.entity,
-                "table": s.table,
-                "rows": s.rows - s.deleted,
-                "deleted": s.deleted,
-                "rejects": s.rejects,
-                "kept_raw": s.unfit,
-                "watermark": s.watermark,
-                "last_run_id": s.last_run_id,
-                "last_loaded_at": s.last_loaded_at.isoformat() if s.last_loaded_at else None,
-                "exact": result.exact if result else None,
-                Figure.UNRECONCILED: result.unreconciled if result else None,
-                "failed_checks": list(result.failed_checks) if result else [],
-                "warned_checks": list(result.warned_checks) if result else [],
-                "staleness_hours": result.staleness_hours if result else None,
-            }
-        )
-    return {
-        "warehouse": str(path),
-        "tenant": tenant,
-        "exact": all(r.exact for r in results) if results else None,
-        "not_exact": [s.entity for s in states if s.last_result and not s.last_result.exact],
-        "entity_sets": sets,
-    }
-
-
-def format_table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def rebuild(args: argparse.Namespace) -> int:

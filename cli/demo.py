@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 from cli import exit_codes
-from cli.commands import format_table, status_text, terminal_progress
+from cli.commands import terminal_progress
+from cli.output import format_table, status_text
 from pipelines import home
 from warehouse.private import private_dir
 from warehouse.publish import working_path

@@ -107,7 +107,7 @@ def _cell(value: object) -> str:
 
 
 def list_documents(args: argparse.Namespace) -> int:
-    from cli.commands import format_table
+    from cli.output import format_table
     from connectors.clinical_records.catalogue import DOCUMENTS
     from connectors.clinical_records.errors import QueryError
     from connectors.clinical_records.query import F, Query, all_of
@@ -157,7 +157,7 @@ def delete(args: argparse.Namespace) -> int:
 def sync(args: argparse.Namespace) -> int:
     """The documents' part of the sync through Dagster, as the `documents_sync` job runs it."""
     from cli import log as cli_log
-    from cli.commands import alert_lines, format_table, tell
+    from cli.output import alert_lines, format_table, tell
     from pipelines import home
     from pipelines.runner import sync_documents
 

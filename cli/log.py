@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from connectors.clinical_records.errors import (
     UntrustedCertificate,
 )
 from pipelines import home
+from pipelines.tenants import SETTING_VARIABLES, Tenant
 from warehouse.errors import SourceMismatch, WarehouseLocked
 
 # The error class a run failed with -> the one thing to do. The message says why.
@@ -45,7 +47,24 @@ ADVICE: dict[type[Exception], str] = {
     WarehouseLocked: "wait for the other sync to finish, then run again",
     ConfigError: "correct the setting named above, then run again",
     duckdb.OutOfMemoryException: (
-        "raise WAREHOUSE_MEMORY_LIMIT (say 512MB), then run again: what committed stays"
+        "raise WAREHOUSE_MEMORY_LIMIT (docs/SIZING.md: what each scale needs), then run "
+        "again: what committed stays"
+    ),
+}
+# The same for a tenant's run, whose settings are its keys in the tenants file (the variables
+# above are not read): `{tenant}` and `{file}` are filled in.
+TENANT_ADVICE: dict[type[Exception], str] = {
+    AuthenticationError: (
+        "correct tenant {tenant}'s client_id and client_secret (or the variable or file each "
+        "names) and its customer in {file}, then run again"
+    ),
+    Unauthorized: "check that tenant {tenant}'s api_key belongs to its client_id in {file}, then run again",
+    ServiceUnreachable: (
+        "check tenant {tenant}'s auth_url and base_url in {file} and that its service is up, "
+        "then run again"
+    ),
+    SourceMismatch: (
+        "give tenant {tenant} its own warehouse and lake in {file}, or sync --tenant {tenant} --force"
     ),
 }
 DEFAULT_ADVICE = "read the log file below, fix what it names, then run again"
@@ -108,17 +127,35 @@ def write_traceback(error: BaseException, path: Path) -> None:
         out.write("".join(traceback.format_exception(error)))
 
 
-def advice(kind: str | None) -> str:
-    """The advice for the error class named `kind`: a run's error crosses Dagster's process
-    boundary serialized, and keeps only its class's name (`cls_name`)."""
+def advice(kind: str | None, tenant: Tenant | None = None) -> str:
+    """The advice for the error class named `kind` (a run's error crosses Dagster's process
+    boundary serialized, and keeps only its class's name, `cls_name`); for a tenant's run,
+    naming the tenant and its keys in the tenants file."""
+    if tenant is not None:
+        found = [text for error, text in TENANT_ADVICE.items() if error.__name__ == kind]
+        if found:
+            return found[0].format(tenant=tenant.name, file=tenant.file)
     found = [text for error, text in ADVICE.items() if error.__name__ == kind]
     return found[0] if found else DEFAULT_ADVICE
 
 
-def explain(what: str, why: str, kind: str | None, log: Path | None) -> list[str]:
-    """The few lines a failure prints: what failed, why, what to do, where the trace is."""
-    lines = [f"clinical-sync: {what}", f"  why:  {why}"]
-    lines.append(f"  do:   {advice(kind)}")
+def in_tenants_words(text: str, tenant: Tenant | None) -> str:
+    """`text` (an error of the connector) with each CLINICAL_* variable a tenant's run does not
+    read named as its key in the tenants file: `CLINICAL_CLIENT_ID` is `client_id`."""
+    if tenant is None:
+        return text
+    for key, variable in SETTING_VARIABLES.items():
+        text = re.sub(rf"\b{variable}\b", key, text)
+    return text
+
+
+def explain(
+    what: str, why: str, kind: str | None, log: Path | None, tenant: Tenant | None = None
+) -> list[str]:
+    """The few lines a failure prints: what failed, why, what to do, where the trace is; for
+    a tenant's run, in the words of its tenants file."""
+    lines = [f"clinical-sync: {what}", f"  why:  {in_tenants_words(why, tenant)}"]
+    lines.append(f"  do:   {advice(kind, tenant)}")
     if log is not None:
         lines.append(f"  log:  {log} (the full trace; --verbose prints it here)")
     return lines

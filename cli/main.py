@@ -19,6 +19,9 @@ def _sandbox(args: argparse.Namespace) -> int:
     from connectors.sandbox.config import SandboxConfig, customers
     from connectors.sandbox.server import SandboxServer
 
+    served = []
+    if args.customers > 1 or args.tenants_file:
+        served = customers([f"clinic-{n}" for n in range(1, args.customers + 1)], args.seed)
     config = SandboxConfig(
         seed=args.seed,
         scale=args.scale,
@@ -37,14 +40,10 @@ def _sandbox(args: argparse.Namespace) -> int:
         refuse_document_expand=args.refuse_document_expand,
         refuse_filter_or=args.refuse_filter_or,
         dangling=args.dangling,
+        client_secret=args.client_secret,
+        api_key=args.api_key,
+        customers=served,
     )
-    if args.client_secret:
-        config.client_secret = args.client_secret
-    if args.api_key:
-        config.api_key = args.api_key
-    if args.customers > 1 or args.tenants_file:
-        names = [f"clinic-{n}" for n in range(1, args.customers + 1)]
-        config.customers = customers(names, args.seed)
     print(
         f"generating sandbox data (seed {args.seed}, scale {args.scale:g}, "
         f"values {args.values})...",
@@ -161,9 +160,26 @@ def _add_sandbox(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="write a tenants file for the customers (secrets in files beside it)",
     )
-    p.add_argument("--client-secret", default=None, help="fixed secret (default: random)")
-    p.add_argument("--api-key", default=None, help="fixed API key (default: random)")
-    p.set_defaults(func=_sandbox)
+    p.add_argument(
+        "--client-secret", default=None, help="the one customer's fixed secret (default: random)"
+    )
+    p.add_argument(
+        "--api-key", default=None, help="the one customer's fixed API key (default: random)"
+    )
+    p.set_defaults(func=_sandbox, validate=_check_sandbox)
+
+
+def _check_sandbox(args: argparse.Namespace) -> str | None:
+    """A fixed secret or key is the one customer's: several customers each draw their own."""
+    fixed = [
+        f for f, v in (("--client-secret", args.client_secret), ("--api-key", args.api_key)) if v
+    ]
+    if fixed and (args.customers > 1 or args.tenants_file):
+        return (
+            f"{' and '.join(fixed)} fix the one customer's credentials; with --customers or "
+            "--tenants-file each customer gets its own (printed, and in the tenants file's folder)"
+        )
+    return None
 
 
 def _lazy(module: str, name: str) -> Command:
@@ -218,7 +234,19 @@ def _add_sync(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="with --all-tenants, at most N at once (default: the run queue's maximum)",
     )
-    p.set_defaults(func=_lazy("cli.commands", "sync"), validate=_check_sync)
+    p.set_defaults(func=_sync, validate=_check_sync)
+
+
+def _sync(args: argparse.Namespace) -> int:
+    """One run here, or with `--all-tenants` one per tenant, each in a process forked from
+    this one that runs this command line's `main` as `sync --tenant NAME`."""
+    if args.all_tenants:
+        from cli.tenants import sync_all
+
+        return sync_all(args, main)
+    from cli.commands import sync
+
+    return sync(args)
 
 
 def _day(text: str) -> date:

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.exit_codes import CONFIG, EXACT, FAILED, NOT_EXACT
+from cli.output import format_table, status_json, status_text
 from connectors.clinical_records.catalogue import FAMILIES
 from connectors.clinical_records.errors import ClinicalApiError, ConfigError
 from pipelines import home, tenants
 from pipelines.tenants import TENANTS_VARIABLE, Secret, Tenant, Tenants, TenantsFileError
+from warehouse.memory import RUNS_VARIABLE
 from warehouse.private import create_private, private_dir
 
 if TYPE_CHECKING:
@@ -69,7 +71,6 @@ def list_tenants(args: argparse.Namespace) -> int:
     """One line per tenant: its customer, service, limit, warehouse and last run."""
     from dagster import RunsFilter
 
-    from cli.commands import format_table
     from pipelines.partitions import PARTITION_TAG, TENANT_DIMENSION
 
     found = configured()
@@ -208,8 +209,10 @@ class TenantRun:
     summary: str
 
 
-def sync_all(args: argparse.Namespace) -> int:
-    """Every tenant's sync, each its own process, `--parallel` at a time; the worst status."""
+def sync_all(args: argparse.Namespace, command: Callable[[Sequence[str]], int]) -> int:
+    """Every tenant's sync, each its own process, `--parallel` at a time; the worst status.
+    `command`: the command line's entry (`cli.main.main`), which each child runs as
+    `sync --tenant NAME`."""
     # Imported once here, inherited by every tenant's forked process: our pipelines, and
     # pandas, which pyarrow imports in each run to build its first table from Python values.
     import pandas  # noqa: F401
@@ -223,11 +226,13 @@ def sync_all(args: argparse.Namespace) -> int:
     with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)
+        # The tenants' warehouses share this machine's memory (warehouse/memory.py).
+        os.environ.setdefault(RUNS_VARIABLE, str(max(1, min(limit, len(found)))))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         folder = private_dir(home.dagster_home() / "logs" / f"sync-all-tenants-{stamp}")
         flags = _passed_on(args)
         print(f"{len(found)} tenants, {min(limit, len(found))} at a time; output in {folder}")
-        runs = _run_all(list(found), flags, folder, max(1, limit))
+        runs = _run_all(list(found), flags, folder, max(1, limit), command)
     print(_runs_table(runs))
     for run in runs:
         if run.status != EXACT:
@@ -257,7 +262,11 @@ def _passed_on(args: argparse.Namespace) -> list[str]:
 
 
 def _run_all(
-    found: Sequence[Tenant], flags: Sequence[str], folder: Path, limit: int
+    found: Sequence[Tenant],
+    flags: Sequence[str],
+    folder: Path,
+    limit: int,
+    command: Callable[[Sequence[str]], int],
 ) -> list[TenantRun]:
     """Each tenant's `sync --tenant` in a process forked from this one, `limit` at a time,
     its reads starting at the family of its place in the file (`assets.read_order`).
@@ -273,7 +282,7 @@ def _run_all(
             place, tenant = waiting.pop(0)
             output = folder / f"{tenant.name}.out"
             mine = [*flags, "--read-rotation", str(place % len(FAMILIES))]
-            running[_fork_sync(tenant, mine, output)] = (tenant, output, time.monotonic())
+            running[_fork_sync(tenant, mine, output, command)] = (tenant, output, time.monotonic())
         pid, status = os.wait()
         if pid not in running:
             continue
@@ -286,9 +295,11 @@ def _run_all(
     return [done[t.name] for t in found]
 
 
-def _fork_sync(tenant: Tenant, flags: Sequence[str], output: Path) -> int:
-    """A child running `clinical-sync sync --tenant NAME` as its own command would, its
-    output (stdout and stderr) in `output`; its pid."""
+def _fork_sync(
+    tenant: Tenant, flags: Sequence[str], output: Path, command: Callable[[Sequence[str]], int]
+) -> int:
+    """A child running `clinical-sync sync --tenant NAME` as its own command would
+    (`command`), its output (stdout and stderr) in `output`; its pid."""
     pid = os.fork()
     if pid:
         return pid
@@ -298,10 +309,8 @@ def _fork_sync(tenant: Tenant, flags: Sequence[str], output: Path) -> int:
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
-        from cli.main import main
-
         # prepared by sync_all a moment ago: no lock to wait on
-        status = main(["sync", "--tenant", tenant.name, *flags, "--instance-prepared"])
+        status = command(["sync", "--tenant", tenant.name, *flags, "--instance-prepared"])
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else FAILED
     except BaseException:
@@ -314,8 +323,6 @@ def _fork_sync(tenant: Tenant, flags: Sequence[str], output: Path) -> int:
 
 
 def _runs_table(runs: Sequence[TenantRun]) -> str:
-    from cli.commands import format_table
-
     rows = [("tenant", "exit", "result", "seconds", "run")]
     for r in runs:
         outcome = OUTCOME.get(r.status, f"exit {r.status}")
@@ -329,7 +336,7 @@ def _runs_table(runs: Sequence[TenantRun]) -> str:
 def status_tenants(names: Sequence[str], as_json: bool = False) -> int:
     """Each named tenant's warehouse, as `status` shows one customer's; `--json`: a list of
     the one-customer objects, each naming its tenant."""
-    from cli.commands import end_orphans_of, status_json, status_text
+    from cli.commands import end_orphans_of
     from warehouse.load import status as warehouse_status
 
     found = configured()

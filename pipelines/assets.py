@@ -38,10 +38,12 @@ from connectors.clinical_records.catalogue import (
 from connectors.clinical_records.client import ClinicalClient
 from pipelines import checks, run_record
 from pipelines.documents_asset import build_content_asset
+from pipelines.exactness_asset import build_exactness_asset
 from pipelines.keys import (
     ANALYTICS_GROUP,
     API_POOL,
     CLINICAL_GROUP,
+    EXACTNESS_KEY,
     LAKE_GROUP,
     LOADS_FIRST,
     OWNERS,
@@ -62,13 +64,14 @@ from pipelines.resources import (
     WarehouseAccess,
 )
 from sync.budget import parse_budget, set_staleness, staleness_figure
-from sync.extract import Extraction
+from sync.extract import Extraction, LakeBatches
 from sync.inputs import budget_applies, set_inputs, within_budget
 from sync.packed import extract_family
 from sync.phase import Phase, enter
 from sync.progress import current
 from sync.reconcile import Reconciliation
 from sync.service_memory import ServiceMemory
+from sync.settle import journal
 from sync.state import (
     LOCK_WAIT_SECONDS,
     CommittedState,
@@ -215,17 +218,26 @@ def build_extract_asset(
             settings.base_url, settings.customer, force=sync_options.force_source
         )
         memory = ServiceMemory(the_lake.root, retry_after=options.snapshot_every)
+        results: dict[str, Extraction] = {}
         with ClinicalClient(settings, logger=context.log) as client:
-            results = extract_family(
-                family,
-                inputs,
-                client,
-                the_lake,
-                run_id=context.run.run_id,
-                progress=current(context.log.info),
-                memory=memory,
-                say=context.log,
-            )
+            try:
+                results = extract_family(
+                    family,
+                    inputs,
+                    client,
+                    LakeBatches(the_lake),
+                    run_id=context.run.run_id,
+                    progress=current(context.log.info),
+                    memory=memory,
+                    say=context.log,
+                )
+            finally:  # every request it sent, for the run's end (pipelines/exactness_asset.py)
+                settled = results.values() if "results" in locals() else ()
+                the_lake.write_journal(
+                    context.run.run_id,
+                    f"extract_{root.table}",
+                    journal(client.stats.looks, settled),
+                )
         for e in chosen:
             _log_reconciliation(context.log, results[e.name])
             yield Output(
@@ -324,7 +336,7 @@ def build_load_asset(
                     **{figure: getattr(result, name) for figure, name in LOAD_FIGURES.items()},
                     **api_metadata(extraction),
                     **run_figures(extraction.reconciliation),  # `unreconciled` among them
-                    **extraction.reconciliation.figures(),
+                    **extraction.reconciliation.metadata(),  # what it could not see, too
                     Figure.SOURCE_STALENESS_HOURS: staleness,
                     "watermark": watermark or "",
                     "lake_files_written": len(extraction.files),
@@ -349,7 +361,7 @@ def build_models_asset(
     specs = [
         AssetSpec(
             model_key(m.name),
-            deps=[table_key(e) for e in m.sources],
+            deps=[*(table_key(e) for e in m.sources), EXACTNESS_KEY],
             group_name=ANALYTICS_GROUP,
             kinds={"duckdb", "sql", "table"},
             owners=OWNERS,
@@ -462,6 +474,7 @@ def build_assets(
     order = read_order(read_rotation)
     out = [build_extract_asset(f, partitions_def, order[f[0].table]) for f in FAMILIES]
     out += [build_load_asset(entity, partitions_def) for entity in ALL_ENTITIES]
+    out.append(build_exactness_asset(partitions_def))
     out.append(build_models_asset(models(), partitions_def))
     out.append(build_content_asset(partitions_def))
     return out

@@ -48,6 +48,8 @@ REJECTS = "no_rejects"
 RECONCILED = "reconciled_with_source"
 STALENESS = "read_whole_recently"
 REFERENCES = "references_found"
+SETTLED = "sets_settled"  # the run's end (pipelines/exactness_asset.py), for every set
+UNSETTLED = "unsettled "  # its metadata: `unsettled <set>`, requests after its last look
 FRESH_WITHIN = timedelta(hours=26)
 R = TypeVar("R")
 

@@ -39,6 +39,8 @@ def model_key(name: str) -> AssetKey:
 
 
 PUBLISHED_KEY = AssetKey([PUBLISHED_GROUP, "warehouse"])
+# The run's end: every set's last look checked, those touched after it looked at again.
+EXACTNESS_KEY = AssetKey([CLINICAL_GROUP, "exactness"])
 
 
 def in_pool(pool: str, *, priority: int = 0) -> dict[str, object]:

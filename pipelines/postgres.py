@@ -11,7 +11,6 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from connectors.clinical_records import postgres as pg
 from connectors.clinical_records.postgres import POSTGRES_VARIABLE, PostgresRefused
@@ -39,29 +38,9 @@ class PostgresUnreachable(Exception):
 def where(url: str) -> str:
     """`host:port/database` of a URL, without its user or password."""
     try:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "localhost", parts.port or 5432
-    except ValueError:
-        raise PostgresUnreachable(
-            f"{POSTGRES_VARIABLE}: expected postgresql://user:password@host:port/database"
-        ) from None
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise PostgresUnreachable(
-            f"{POSTGRES_VARIABLE}: expected postgresql://user:password@host:port/database"
-        )
-    return f"{host}:{port}/{parts.path.lstrip('/') or parts.username or ''}"
-
-
-def _advice(reason: str) -> str:
-    """What to check, from the driver's reason."""
-    if "password authentication failed" in reason or "no password supplied" in reason:
-        return "check the user and password in " + POSTGRES_VARIABLE
-    if "does not exist" in reason:
-        return "create the database (createdb) or correct its name in " + POSTGRES_VARIABLE
-    return (
-        "check that the server is running there and accepts connections from this host "
-        f"(listen_addresses, pg_hba.conf, a firewall), and the host and port in {POSTGRES_VARIABLE}"
-    )
+        return pg.place(url)
+    except ValueError as error:
+        raise PostgresUnreachable(str(error)) from None
 
 
 def connect(url: str):
@@ -72,7 +51,7 @@ def connect(url: str):
     except PostgresRefused as refused:
         raise PostgresUnreachable(
             f"cannot use the Dagster instance's PostgreSQL at {place} ({POSTGRES_VARIABLE}): "
-            f"{refused.reason}; {_advice(refused.reason)}"
+            f"{refused.reason}; {refused.advice}"
         ) from None
 
 

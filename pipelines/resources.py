@@ -10,6 +10,8 @@ partition key (`tenant`), credentials read from their variables or files in the 
 from __future__ import annotations
 
 import os
+import secrets
+import weakref
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -108,20 +110,6 @@ class ClinicalApiResource(ApiAccess):
         default=None, description="CLINICAL_RETRY_BUDGET"
     )
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ClinicalApiResource:
-        """Every value of validated settings, so that what a caller was given (not only what
-        the process environment holds) reaches the client."""
-        names = ("base_url", "auth_url", "client_id", "client_secret", "api_key", "customer")
-        values = {name: getattr(settings, name) for name in (*names, *TUNING)}
-        return cls(
-            **{
-                name: str(value) if isinstance(value, Path) else value
-                for name, value in values.items()
-                if value is not None
-            }
-        )
-
     def settings(self, tenant: str | None = None) -> Settings:
         """Settings from these fields; a tuning value left unset comes from the environment.
         One customer: the assets are not partitioned, so there is no tenant."""
@@ -161,11 +149,45 @@ class WarehouseResource(WarehouseAccess):
         return self.path
 
 
-def _tenant(tenants_file: str, name: str | None) -> Tenant:
-    """The run's tenant, read from the file now (an edit needs no code reload)."""
+class SettledApiResource(ApiAccess):
+    """An in-process run's API (the CLI, tests, benchmarks): the settings its caller checked
+    and resolved before the run (`runner.check_configuration`: a tenant's credentials read
+    once), handed to the run in this process under `handle`. Dagster stores a resource's
+    field values with the run's job snapshot in the instance, so the credentials are never
+    one: the instance holds the handle alone."""
+
+    handle: str = ConfigField(description="the run's settings, held by the process running it")
+    _held: Settings | None = PrivateAttr(default=None)
+
+    @classmethod
+    def holding(cls, settings: Settings) -> SettledApiResource:
+        """A resource for `settings`, which stay in this process while it is referenced."""
+        handle = secrets.token_hex(16)
+        _SETTLED[handle] = settings
+        resource = cls(handle=handle)
+        resource._held = settings  # Dagster runs copies of it: this one keeps the entry alive
+        return resource
+
+    def settings(self, tenant: str | None = None) -> Settings:
+        settings = _SETTLED.get(self.handle)
+        if settings is None:
+            raise ConfigError("clinical_api.handle", "settings held by the process of this run")
+        return settings
+
+
+# SettledApiResource's settings, by handle, while the resource that holds them lives.
+_SETTLED: weakref.WeakValueDictionary[str, Settings] = weakref.WeakValueDictionary()
+
+
+def _tenant(tenants_file: str, name: str | None, found: dict[str, Tenant]) -> Tenant:
+    """The run's tenant, read from the file the first time a resource of the run asks (kept in
+    `found`, the resource's own: Dagster builds a run's resources once in each of its
+    processes, so an edit of the file is seen by the next run)."""
     if name is None:
         raise ConfigError(TENANTS_VARIABLE, "a run for one tenant (a partition of the assets)")
-    return tenants.load(tenants_file).get(name)
+    if name not in found:
+        found[name] = tenants.load(tenants_file).get(name)
+    return found[name]
 
 
 class TenantApiResource(ApiAccess):
@@ -174,30 +196,34 @@ class TenantApiResource(ApiAccess):
     Dagster initializes a run's resources once for all its steps in its one process."""
 
     tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
-    _read: dict[str | None, Settings] = PrivateAttr(default_factory=dict)
+    _found: dict[str, Tenant] = PrivateAttr(default_factory=dict)
+    _read: dict[str, Settings] = PrivateAttr(default_factory=dict)
 
     def settings(self, tenant: str | None = None) -> Settings:
-        if tenant not in self._read:
-            self._read[tenant] = _tenant(self.tenants_file, tenant).settings()
-        return self._read[tenant]
+        found = _tenant(self.tenants_file, tenant, self._found)
+        if found.name not in self._read:
+            self._read[found.name] = found.settings()
+        return self._read[found.name]
 
 
 class TenantLakeResource(LakeAccess):
     """Each tenant's own lake, from the tenants file."""
 
     tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+    _found: dict[str, Tenant] = PrivateAttr(default_factory=dict)
 
     def root_of(self, tenant: str | None = None) -> str:
-        return str(_tenant(self.tenants_file, tenant).lake)
+        return str(_tenant(self.tenants_file, tenant, self._found).lake)
 
 
 class TenantWarehouseResource(WarehouseAccess):
     """Each tenant's own warehouse (and working copy), from the tenants file."""
 
     tenants_file: str = ConfigField(description=TENANTS_VARIABLE)
+    _found: dict[str, Tenant] = PrivateAttr(default_factory=dict)
 
     def published(self, tenant: str | None = None) -> str:
-        return str(_tenant(self.tenants_file, tenant).warehouse)
+        return str(_tenant(self.tenants_file, tenant, self._found).warehouse)
 
 
 def tenant_resources(tenants_file: str | Path) -> dict[str, ConfigurableResource]:

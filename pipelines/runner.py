@@ -33,13 +33,12 @@ from pipelines.keys import lake_key, table_key
 from pipelines.liveness import run_tags
 from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import (
-    ClinicalApiResource,
     LakeResource,
+    SettledApiResource,
     SyncOptionsResource,
     WarehouseResource,
-    tenant_resources,
 )
-from pipelines.run_record import Place, end_orphans, failed, source_of
+from pipelines.run_record import Place, end_orphans, failed
 from pipelines.tenants import Tenant
 from pipelines.verdict import (
     CheckOutcome,
@@ -146,14 +145,28 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) -> Webhook | None:
+@dataclass(frozen=True)
+class Checked:
+    """A run's configuration, validated and resolved once before it starts, then handed down
+    to the run: its settings (a tenant's credentials read from their variables or files once),
+    the variables it reads (a tenant's in place of CLINICAL_*) and where alerts go."""
+
+    settings: Settings
+    environment: Mapping[str, str] = field(repr=False)
+    webhook: Webhook | None = None
+
+
+def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) -> Checked:
     """Every setting a run reads, validated before it starts: one ConfigError naming each
     variable that is missing or wrong (the tenant's settings in place of the CLINICAL_*
-    variables). Returns where alerts go (None: nowhere)."""
+    variables)."""
     problems: list[ConfigError] = []
-    webhook = None
+    settings, webhook = None, None
     try:
-        settings = tenant.settings(env) if tenant is not None else Settings.from_env(env)
+        if tenant is not None:
+            environment, settings = tenant.resolved(env)
+        else:
+            environment, settings = env, Settings.from_env(env)
         parse_budget(env.get(BUDGET_VARIABLE), settings.rate_limit)
     except ConfigError as error:
         problems.extend(error.problems if isinstance(error, ConfigErrors) else [error])
@@ -161,9 +174,9 @@ def check_configuration(env: Mapping[str, str], tenant: Tenant | None = None) ->
         webhook = webhook_from_env(env)
     except ConfigError as error:
         problems.append(error)
-    if problems:
+    if problems or settings is None:
         raise ConfigError.combine(problems)
-    return webhook
+    return Checked(settings, environment, webhook)
 
 
 def resources_from_env(
@@ -171,20 +184,17 @@ def resources_from_env(
     lake_root: str,
     warehouse_path: str,
     tenant: Tenant | None = None,
+    checked: Checked | None = None,
     **options: object,
 ) -> dict[str, object]:
-    """Resources for an in-process run of a configuration `check_configuration` accepted. A
-    tenant's run looks its tenant up by partition key, as a daemon's does."""
-    if tenant is not None:
-        places = tenant_resources(tenant.file)
-    else:
-        places = {
-            "clinical_api": ClinicalApiResource.from_settings(Settings.from_env(env)),
-            "lake": LakeResource(root=str(lake_root)),
-            "warehouse": WarehouseResource(path=str(warehouse_path)),
-        }
+    """Resources for an in-process run of the configuration `check_configuration` accepted
+    (checked now when not given): its settings handed to the run as resolved, a tenant's
+    lake and warehouse those of its entry."""
+    checked = checked or check_configuration(env, tenant)
     return {
-        **places,
+        "clinical_api": SettledApiResource.holding(checked.settings),
+        "lake": LakeResource(root=str(tenant.lake if tenant else lake_root)),
+        "warehouse": WarehouseResource(path=str(tenant.warehouse if tenant else warehouse_path)),
         "sync_options": SyncOptionsResource(
             **{"nightly_budget": env.get(BUDGET_VARIABLE) or None, **options}  # type: ignore[arg-type]
         ),
@@ -215,13 +225,6 @@ def selection(only: Sequence[EntitySet]) -> AssetSelection:
     )
 
 
-class Unchecked:
-    """`sync`'s caller has not checked the configuration: `sync` does."""
-
-
-UNCHECKED = Unchecked()
-
-
 @functools.cache
 def sync_definitions(*, partitioned: bool, read_rotation: int = 0) -> tuple[Any, ...]:
     """The assets and checks a sync materializes, built once per process (and by `sync
@@ -246,14 +249,14 @@ def sync(
     tags: Mapping[str, str] | None = None,
     log_level: str = "INFO",
     tenant: Tenant | None = None,
-    webhook: Webhook | Unchecked | None = UNCHECKED,
+    checked: Checked | None = None,
     read_rotation: int = 0,
     say: Callable[[str], object] = log.warning,
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did.
     With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
     A run that failed or ended not exact sends its one message to CLINICAL_ALERT_WEBHOOK
-    (`pipelines/alerts.py`: this process concludes the runs it executes). `webhook`: what
+    (`pipelines/alerts.py`: this process concludes the runs it executes). `checked`: what
     `check_configuration` answered, when the caller checked the configuration first.
     `read_rotation`: the family its reads start at (`sync --all-tenants`: each tenant its
     place in the file). The run holds the warehouse's writer lock from before its first
@@ -265,9 +268,9 @@ def sync(
         options["backfill_from"] = backfill_from.isoformat()
     if backfill_to is not None:
         options["backfill_to"] = backfill_to.isoformat()
-    if isinstance(webhook, Unchecked):
-        webhook = check_configuration(env, tenant)
-    resources = resources_from_env(env, lake_root, warehouse_path, tenant, **options)
+    checked = checked or check_configuration(env, tenant)
+    webhook = checked.webhook
+    resources = resources_from_env(env, lake_root, warehouse_path, tenant, checked, **options)
     instance = instance or DagsterInstance.ephemeral()
     if tenant is not None and tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
         instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
@@ -278,7 +281,7 @@ def sync(
         if full
         else keys.NIGHTLY_JOB
     )
-    place = _place(env, lake_root, warehouse_path, tenant)
+    place = _place(checked, lake_root, warehouse_path, tenant)
     with writing(
         working_path(warehouse_path), wait=LOCK_WAIT_SECONDS, what=f"clinical-sync {job}", say=say
     ):
@@ -311,13 +314,11 @@ def sync(
     return report
 
 
-def _place(
-    env: Mapping[str, str], lake_root: str, warehouse_path: str, tenant: Tenant | None
-) -> Place:
-    """Where this run writes, and the source it reads (a configuration already checked)."""
-    if tenant is not None:
-        return Place(warehouse_path, lake_root, (tenant.base_url, tenant.customer), tenant.name)
-    return Place(warehouse_path, lake_root, source_of(env))
+def _place(checked: Checked, lake_root: str, warehouse_path: str, tenant: Tenant | None) -> Place:
+    """Where this run writes, and the source it reads, as checked (a tenant's credentials
+    are not read again)."""
+    source = (checked.settings.base_url, checked.settings.customer)
+    return Place(warehouse_path, lake_root, source, tenant.name if tenant else None)
 
 
 def _conclude(
@@ -361,9 +362,10 @@ def sync_documents(
     """The `documents_sync` job once: the documents read in the patients' pages, loaded, their
     files fetched when `content`, published; the warehouse's writer lock held throughout
     and another source refused before any step, as `sync` does."""
-    webhook = check_configuration(env)
+    checked = check_configuration(env)
+    webhook = checked.webhook
     instance = instance or DagsterInstance.ephemeral()
-    place = _place(env, lake_root, warehouse_path, None)
+    place = _place(checked, lake_root, warehouse_path, None)
     with writing(
         working_path(warehouse_path),
         wait=LOCK_WAIT_SECONDS,
@@ -376,7 +378,7 @@ def sync_documents(
         result = _materialize(
             keys.DOCUMENTS_JOB,
             build_sync_assets(),
-            resources_from_env(env, lake_root, warehouse_path, full=full),
+            resources_from_env(env, lake_root, warehouse_path, checked=checked, full=full),
             log_level=log_level,
             instance=instance,
             tags={"clinical-sync/command": "documents sync"},

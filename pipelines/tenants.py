@@ -142,10 +142,13 @@ class Tenant:
     def settings(self, environ: Mapping[str, str] | None = None) -> Settings:
         """The connector's settings for this tenant (`environment`): the machine-wide tuning
         (CLINICAL_LIMITER_PATH, the CA bundle, timeouts) from `environ`."""
+        return self.resolved(environ)[1]
+
+    def resolved(self, environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], Settings]:
+        """`environment` and the settings from it, the credentials read once."""
+        values = self.environment(environ)
         try:
-            return Settings.from_env(self.environment(environ), dotenv_path=None)
-        except TenantsFileError:
-            raise
+            return values, Settings.from_env(values, dotenv_path=None)
         except ConfigError as error:
             raise TenantsFileError(self.file, _problems(self.name, error)) from None
 

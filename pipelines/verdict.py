@@ -10,7 +10,7 @@ which each load step records with its checks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -22,9 +22,10 @@ from dagster import (
     DagsterRunStatus,
 )
 
-from connectors.clinical_records.catalogue import ALL_ENTITIES, BY_TABLE
+from connectors.clinical_records.catalogue import ALL_ENTITIES, BY_NAME, BY_TABLE
 from connectors.clinical_records.errors import ClinicalApiError
 from pipelines import checks
+from pipelines.checks import SETTLED, UNSETTLED
 from pipelines.keys import CLINICAL_GROUP
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.figures import Figure
@@ -118,10 +119,25 @@ def set_figures(events: Iterable[DagsterEvent]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def by_set(outcomes: Iterable[CheckOutcome]) -> list[CheckOutcome]:
+    """The outcomes, the run's end's (`sets_settled`, one check for every set) as one per
+    set it names, so each set is told with the checks it failed."""
+    found = []
+    for outcome in outcomes:
+        if outcome.name != SETTLED:
+            found.append(outcome)
+            continue
+        for name in outcome.metadata:
+            if name.startswith(UNSETTLED) and name[len(UNSETTLED) :] in BY_NAME:
+                table = BY_NAME[name[len(UNSETTLED) :]].table
+                found.append(replace(outcome, table=table))
+    return found
+
+
 def verdict(run_id: str, job: str, success: bool, events: Sequence[DagsterEvent]) -> Verdict:
     """How the run ended, from its events (in process, or read back from the instance)."""
     figures = set_figures(events)
-    errors = checks.failing(check_outcomes(events), AssetCheckSeverity.ERROR)
+    errors = by_set(checks.failing(check_outcomes(events), AssetCheckSeverity.ERROR))
     order = {e.table: i for i, e in enumerate(ALL_ENTITIES)}  # then any other asset's checks
     tables = sorted({c.table for c in errors}, key=lambda t: (order.get(t, len(order)), t))
     not_exact = tuple(

@@ -11,7 +11,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import uuid4
 
 import pyarrow as pa
@@ -21,6 +21,7 @@ from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.keys import entity_key
 from connectors.clinical_records.query import Expr, Query, between
+from sync.exactness import LastLook
 from sync.phase import Phase, enter
 from sync.progress import Progress
 from sync.reconcile import Reconciler, Reconciliation
@@ -80,10 +81,19 @@ class Extraction:
     stats: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     reconciliation: Reconciliation = field(default_factory=Reconciliation)
+    last_look: LastLook | None = None  # the look that settled the set (sync/exactness.py)
+    mark: str | None = None  # the change mark it ended at, to look again from
 
     @property
     def snapshot(self) -> bool:
         return self.mode is Mode.SNAPSHOT
+
+    def reconciled(self, reconciler: Reconciler, found: Reconciliation) -> None:
+        """What reconciling found, the set's count at its last look, that look and the mark."""
+        self.reconciliation = found
+        self.source_total = reconciler.total
+        self.last_look = reconciler.last_look
+        self.mark = reconciler.saved_mark
 
 
 def _max_cursor(entity: EntitySet, table: pa.Table) -> Any:
@@ -168,6 +178,23 @@ class BatchWriter:
         self.files.append(str(path))
 
 
+class Batches(Protocol):
+    """Where an extraction's records go: the lake (`LakeBatches`), or, in the simulation of
+    whole runs (tests/simulation), memory that a model of the warehouse loads from."""
+
+    def writer(self, plan: Plan, run_id: str, previous_watermark: str | None) -> BatchWriter: ...
+
+
+@dataclass(frozen=True)
+class LakeBatches:
+    """Lake batches: normalised, written as Parquet (`BatchWriter`)."""
+
+    lake: Lake
+
+    def writer(self, plan: Plan, run_id: str, previous_watermark: str | None) -> BatchWriter:
+        return BatchWriter(self.lake, plan, run_id, previous_watermark)
+
+
 @dataclass
 class KeyRange:
     """A RANGE plan's key range, [low, high): `range_pages` pages of the keys the warehouse
@@ -219,7 +246,7 @@ def record_writer(result: Extraction, writer: BatchWriter, fetched: int) -> None
 def extract(
     plan: Plan,
     client: ClinicalClient,
-    lake: Lake,
+    batches: Batches,
     *,
     run_id: str,
     previous_watermark: str | None,
@@ -238,7 +265,7 @@ def extract(
     started = time.monotonic()
     with client.stats.measure(result.stats):  # its own cost, on a client it may share
         enter(Phase.EXTRACT, entity.name)
-        writer = BatchWriter(lake, plan, run_id, previous_watermark)
+        writer = batches.writer(plan, run_id, previous_watermark)
         reconciler = None
         if plan.moves_watermark:  # a backfill reads a date range, not the set
             reconciler = Reconciler(entity, client, to_batch=writer.add, held=held)
@@ -262,9 +289,8 @@ def extract(
                 progress.page(entity.name, len(page.records), page.total)
         if key_range is not None and reconciler:
             reconciler.forget(key_range.gone())  # held in the range, not in it now: deleted
-        if reconciler:
-            result.reconciliation = reconciler.finish(budget)
-            result.source_total = reconciler.total  # the set as it stands at the end
+        if reconciler:  # the set as it stands at the end
+            result.reconciled(reconciler, reconciler.finish(budget))
         writer.finish(reconciler.deleted_keys() if reconciler else None)
         progress.finish(entity.name)
         record_writer(result, writer, result.fetched)

@@ -45,7 +45,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.errors import BadRequest
-from sync.extract import BatchWriter, Extraction, extract, record_writer
+from sync.extract import Batches, BatchWriter, Extraction, extract, record_writer
 from sync.family_plan import PackedRead, plan_family
 from sync.phase import Phase, enter
 from sync.progress import Progress
@@ -53,7 +53,6 @@ from sync.reconcile import Reconciler
 from sync.riders import Rider, SetInput, complete
 from sync.service_memory import DOCUMENTS_REFUSED, ServiceMemory
 from sync.strategy import Mode, Plan
-from warehouse.lake import Lake
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ def extract_family(
     family: Sequence[EntitySet],
     inputs: Mapping[str, SetInput],
     client: ClinicalClient,
-    lake: Lake,
+    batches: Batches,
     *,
     run_id: str,
     progress: Progress,
@@ -79,7 +78,7 @@ def extract_family(
                 family_read.packed,
                 inputs,
                 client,
-                lake,
+                batches,
                 run_id=run_id,
                 progress=progress,
                 memory=memory,
@@ -92,7 +91,7 @@ def extract_family(
         results[entity.name] = extract(
             one.plan,
             client,
-            lake,
+            batches,
             run_id=run_id,
             previous_watermark=one.watermark,
             progress=progress,
@@ -114,7 +113,7 @@ def _packed_read(
     read: PackedRead,
     inputs: Mapping[str, SetInput],
     client: ClinicalClient,
-    lake: Lake,
+    batches: Batches,
     *,
     run_id: str,
     progress: Progress,
@@ -130,12 +129,12 @@ def _packed_read(
     enter(Phase.EXTRACT, payer)
     root_writer = root_reconciler = None
     if root_input is not None:
-        root_writer = BatchWriter(lake, root_input.plan, run_id, root_input.watermark)
+        root_writer = batches.writer(root_input.plan, run_id, root_input.watermark)
         if root_input.plan.moves_watermark:
             root_reconciler = Reconciler(
                 root, client, to_batch=root_writer.add, held=root_input.held
             )
-    riders = [_rider(child, inputs[child.name], client, lake, run_id) for child in read.carried]
+    riders = [_rider(child, inputs[child.name], client, batches, run_id) for child in read.carried]
     if read.listed:
         say.info(f"{DOCUMENTS.name}: the service refused to expand them; listed per patient")
     if root_reconciler:  # a root that carries children is counted: the plan's estimate
@@ -178,8 +177,7 @@ def _packed_read(
         result = Extraction(root.name, root_input.plan.mode, root_input.plan.reason, run_id)
         if root_reconciler:
             with client.stats.measure(spent[root.name]):
-                result.reconciliation = root_reconciler.finish()
-            result.source_total = root_reconciler.total
+                result.reconciled(root_reconciler, root_reconciler.finish())
         assert root_writer is not None
         root_writer.finish(root_reconciler.deleted_keys() if root_reconciler else None)
         record_writer(result, root_writer, len(parents))
@@ -221,10 +219,14 @@ def _parent_keys(
 
 
 def _rider(
-    child: EntitySet, child_input: SetInput, client: ClinicalClient, lake: Lake, run_id: str
+    child: EntitySet,
+    child_input: SetInput,
+    client: ClinicalClient,
+    batches: Batches,
+    run_id: str,
 ) -> Rider:
     _, nav = RIDES_WITH[child.name]
-    writer = BatchWriter(lake, child_input.plan, run_id, child_input.watermark)
+    writer = batches.writer(child_input.plan, run_id, child_input.watermark)
     reconciler = None
     if child.contained_in is None:
         held = child_input.held if child_input.plan.mode is Mode.INCREMENTAL else ()

@@ -46,11 +46,12 @@ from typing import Any
 from connectors.clinical_records.catalogue import PAGE_SIZE, EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.keys import entity_key
+from sync.exactness import LastLook, Looking
 from sync.phase import Phase, enter
 from sync.reconcile_cells import ParentCells
 from sync.reconcile_children import ChildrenByReference
 from sync.reconcile_ledger import Ledger
-from sync.reconcile_mark import ChangeMark, blind_spot
+from sync.reconcile_mark import ChangeMark, blind_spot, blind_to
 from sync.reconcile_ranges import KeyRanges, search_cost
 from sync.reconcile_ranges import Span as Span  # callers import it from here
 from sync.reconcile_source import ClientSource, Source
@@ -83,6 +84,7 @@ class Reconciliation:
     stale: int = 0  # written since the mark and not re-read when the budget ran out (at least)
     unconfirmed: int = 0  # records expected from counts before the read that no range showed
     blind: str = ""  # what this set's reconciliation cannot see
+    blind_to: frozenset[str] = frozenset()  # the same, as `reconcile_mark.Blind` names
     parent_counts_refused: bool = False  # the service answered counts per parent with a 400
 
     @property
@@ -100,7 +102,7 @@ class Reconciliation:
 
     def figures(self) -> dict[str, int]:
         """The numbers, as run metadata (plotted in the UI) and check metadata name them."""
-        words = ("blind", "parent_counts_refused")
+        words = ("blind", "blind_to", "parent_counts_refused")
         named = {f"reconcile_{k}": v for k, v in asdict(self).items() if k not in words}
         return {**named, Figure.RECONCILED: self.reconciled}
 
@@ -137,8 +139,9 @@ class Reconciler:
             if client is None:
                 raise TypeError("Reconciler needs a client or a source to ask")
             source = ClientSource(client, entity)
-        self.entity, self.source = entity, source
+        self.entity = entity
         self.ledger = Ledger(entity, to_batch, held)
+        self.source = source = Looking(source, self.ledger)  # every answer is a look
         self.mark = ChangeMark(source, self.ledger)
         self.cells = ParentCells(source, self.ledger)
         self.ranges = KeyRanges(source, self.ledger, self.cells.split)
@@ -147,6 +150,7 @@ class Reconciler:
         self.budget: int | None = None
         self.rounds = 0
         self.residual = self.stale = self.unconfirmed = 0
+        self.last_look: LastLook | None = None  # the round that settled the set, if one did
 
     @property
     def held(self) -> set[Any]:
@@ -170,13 +174,25 @@ class Reconciler:
             residual=self.residual,
             stale=self.stale,
             unconfirmed=self.unconfirmed,
-            blind=blind_spot(self.entity),
+            blind=blind_spot(self.entity, self.mark.whole),
+            blind_to=frozenset(b.name for b in blind_to(self.entity, self.mark.whole)),
             parent_counts_refused=self.cells.refused,
         )
 
     def begin(self, *, counted: bool = False) -> None:
         """The change mark, before the read (`ChangeMark.begin`)."""
         self.mark.begin(counted=counted)
+
+    def resume(self, mark: str | None) -> None:
+        """Look at the set again from an earlier reconciliation's change mark (`saved_mark`):
+        what was written since is re-read (sync/settle.py)."""
+        if mark is not None and self.entity.change_cursor is not None:
+            self.mark.move([{self.entity.change_cursor: mark}])
+
+    @property
+    def saved_mark(self) -> str | None:
+        """The change mark as sent (None: no cursor, or none seen)."""
+        return self.mark.mark[0] if self.mark.mark is not None else None
 
     def read(self, records: list[dict]) -> None:
         self.ledger.read(records)
@@ -215,6 +231,7 @@ class Reconciler:
         while True:
             self.rounds += 1
             before = self.ledger.progress()
+            round_began = len(self.source.looks)
             self.total, complete = self.mark.probe()
             if self.budget is None:
                 self.budget = default_budget(self.total)
@@ -235,6 +252,8 @@ class Reconciler:
                     self.ranges.search(self.total, self.budget, missing)
                 continue
             if agrees:
+                looks = self.source.looks[round_began:]
+                self.last_look = LastLook.of(self.entity.name, looks)
                 return Stop.AGREES, max(0, missing)
             if self._spent():
                 return Stop.BUDGET_SPENT, 0

@@ -47,6 +47,9 @@ class Ledger:
         self.inserted = 0  # keys found that no read brought
         self.handed: dict[Any, int] = {}  # key -> the version last handed to the batch
         self.watchers: list[Callable[[Records], None]] = []
+        # Tell whether a record shown is a version the batch has already (the change mark
+        # knows those at or after the mark, and that an older cursor is the version read).
+        self.knowers: list[Callable[[dict], bool]] = []
 
     @property
     def deleted(self) -> int:
@@ -126,6 +129,14 @@ class Ledger:
         self.held.difference_update(self.gone)
         self.gone.difference_update(self.key(record) for record in moved)
         self.add_to_batch(moved)
+
+    def seen(self, records: Records) -> None:
+        """Records an answer carried, whatever it was asked for (sync/exactness.py,
+        `Looking`): a version the batch may not have goes to it now. The job that asked
+        reads the answer next and counts, settles and notes what it shows as before."""
+        new = [r for r in records if not any(knows(r) for knows in self.knowers)]
+        if fresh := [record for record in new if self._unhanded(record)]:
+            self.to_batch(fresh)
 
     def add_to_batch(self, records: Records) -> None:
         """Records re-read, to be written with the batch; a version already handed is not

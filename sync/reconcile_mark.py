@@ -25,6 +25,7 @@ them with such a delete is not (a set without a cursor has the same blind spot i
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet
@@ -51,21 +52,37 @@ def cursor_instant(entity: EntitySet, value: Any) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def blind_spot(entity: EntitySet) -> str:
-    """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
-    if entity.sees_updates and entity.field("updated_at").type is Edm.DATE:
-        return (
-            "updated_at is a date: a second write on the same day to a record, landing on a "
-            "page the last read of that day had passed, is seen by the next run"
-        )
-    if entity.sees_updates:
-        return ""
-    if entity.change_cursor:
-        return "no updated_at: an update during the run is seen by the next snapshot"
-    return (
-        "no change cursor: updates, and an insert and a delete in one key range, "
-        "are seen by the next snapshot"
+class Blind(StrEnum):
+    """What a set's reconciliation cannot see during the run: it is seen by the next one."""
+
+    SAME_DAY = (
+        "updated_at is a date: a second write on the same day to a record, landing on a page "
+        "the last read of that day had passed"
     )
+    UPDATES = "no updated_at: an update during the run"
+    PAIRS = "no change cursor: an insert and a delete in one key range"
+
+
+def blind_to(entity: EntitySet, whole: bool = False) -> frozenset[Blind]:
+    """The changes this set's reconciliation cannot see (a count cannot tell an insert from
+    a delete it cancels; only a change cursor shows an insert or an update by itself).
+    `whole`: its last look brought the whole set in one answer, which hides nothing."""
+    if whole:
+        return frozenset()
+    if entity.sees_updates:
+        dated = entity.field("updated_at").type is Edm.DATE
+        return frozenset({Blind.SAME_DAY}) if dated else frozenset()
+    if entity.change_cursor:
+        return frozenset({Blind.UPDATES})
+    return frozenset({Blind.UPDATES, Blind.PAIRS})
+
+
+def blind_spot(entity: EntitySet, whole: bool = False) -> str:
+    """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
+    blind = blind_to(entity, whole)
+    if not blind:
+        return ""
+    return "; ".join(b.value for b in Blind if b in blind) + ": seen by the next run"
 
 
 class ChangeMark:
@@ -82,8 +99,10 @@ class ChangeMark:
         self.unverified = 0  # the window's count less its keys held, at its last count
         self.started_total: int | None = None  # the source's count when the read began
         self.probed: list[dict] = []  # the last probe's answer: the mark moves to its newest
+        self.whole = False  # the last probe's answer held the whole set: it hides nothing
         self.ceiling = datetime.now(UTC) + SENTINEL_AHEAD
         ledger.watchers.append(self._note_versions)
+        ledger.knowers.append(self._known)
 
     def begin(self, *, counted: bool = False) -> None:
         """The change mark, before the read: every later write sorts at or after it. The
@@ -121,6 +140,7 @@ class ChangeMark:
         )
         envelope = self.source.page(query)
         newest = self.probed = envelope["value"]
+        self.whole = len(newest) >= int(envelope[COUNT])
         self._reread([r for r in newest if self._since_mark(r)])
         complete = len(newest) < PAGE_SIZE or self.mark is None
         return int(envelope[COUNT]), complete or not self._in_window(newest[-1])
@@ -181,7 +201,8 @@ class ChangeMark:
         total = int(envelope[COUNT])
         newest = envelope["value"]
         held = self.ledger.held
-        if len(newest) >= total:  # the whole set, at one moment
+        self.whole = len(newest) >= total
+        if self.whole:  # the whole set, at one moment
             self.ledger.settle_range(sorted(held), newest)
         elif (lowest := self.ledger.key(newest[-1]) if newest else None) is not None:
             self.ledger.settle_range(sorted(k for k in held if k >= lowest), newest)
@@ -200,6 +221,15 @@ class ChangeMark:
             return False
         held = self.window.get(key) if key in self.ledger.held else None
         return held is None or held[1] != fingerprint(record)
+
+    def _known(self, record: dict) -> bool:
+        """A version the batch has: noted at or after the mark (the read's, or re-read), or
+        older than the mark in a set whose every write moves its cursor (the version read)."""
+        if self.cursor is None or (key := self.ledger.key(record)) is None:
+            return False
+        if key in self.window:
+            return self.window[key][1] == fingerprint(record)
+        return self.entity.sees_updates and key in self.ledger.held and not self._since_mark(record)
 
     def _since_mark(self, record: dict) -> bool:
         if self.mark is None:

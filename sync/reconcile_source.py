@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.query import Query
+from connectors.clinical_records.transport import Look
 
 
 class Source(Protocol):
@@ -39,10 +40,14 @@ class ClientSource:
     def __init__(self, client: ClinicalClient, entity: EntitySet) -> None:
         self.client, self.entity = client, entity
         self.requests = 0
+        self.looks: list[Look] = []  # this source's answered pages, in order (its thread's)
 
     def page(self, query: Query) -> dict[str, Any]:
         with self._counted():
-            return self.client.page(query.entity, query)
+            envelope = self.client.page(query.entity, query)
+        if (look := self.client.stats.latest_look()) is not None:
+            self.looks.append(look)
+        return envelope
 
     def by_key(self, keys: Sequence[Any]) -> list[dict | None]:
         with self._counted():

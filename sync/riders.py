@@ -148,8 +148,7 @@ def complete(
         rider.add(found)
         new = max(0, new - sum(key_text(r.get(remote)) not in parents_read for r in found))
     say.info(f"{entity.name}: {rider.choice}")
-    result.reconciliation = reconciler.finish(expected_new=new)
-    result.source_total = reconciler.total
+    result.reconciled(reconciler, reconciler.finish(expected_new=new))
     rider.writer.finish(reconciler.deleted_keys())
     record_writer(result, rider.writer, rider.fetched)
     return result

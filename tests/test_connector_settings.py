@@ -181,3 +181,21 @@ def test_every_problem_is_reported_at_once() -> None:
         "CLINICAL_BURST",
     ]
     assert "CLINICAL_BURST" in caught.value.variable
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://u:p@db.internal/dagster", "postgresql:///dagster", "postgres://u:p@[::1/dagster"],
+)
+def test_one_rule_for_the_postgres_url_in_the_settings_and_the_instance_check(url):
+    """The limiter's settings and the instance's check read DAGSTER_POSTGRES_URL by one rule
+    (connectors/clinical_records/postgres.py), so neither takes a URL the other refuses."""
+    from pipelines.postgres import PostgresUnreachable, where
+
+    with pytest.raises(ConfigError, match="DAGSTER_POSTGRES_URL"):
+        Settings.from_env(valid_env(DAGSTER_POSTGRES_URL=url), dotenv_path=None)
+    with pytest.raises(PostgresUnreachable, match="DAGSTER_POSTGRES_URL: expected postgresql://"):
+        where(url)
+    good = "postgresql://clinical:pw-7f3a@db.internal:6543/dagster"
+    assert where(good) == "db.internal:6543/dagster"
+    assert Settings.from_env(valid_env(DAGSTER_POSTGRES_URL=good), dotenv_path=None).limiter_url

@@ -125,6 +125,7 @@ def test_helm_values_use_the_chart_keys_kubernetes_runs_and_an_external_postgres
     assert values["generatePostgresqlPasswordSecret"] is False
     assert values["global"]["postgresqlSecretName"]
     assert values["telemetry"]["enabled"] is False
+    assert values["additionalInstanceConfig"]["nux"]["enabled"] is False  # as dagster.yaml
     assert values["migrate"]["enabled"] is True
     assert values["dagsterDaemon"]["runCoordinator"]["type"] == "QueuedRunCoordinator"
     runner = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]

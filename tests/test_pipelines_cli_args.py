@@ -29,6 +29,24 @@ def test_bad_flags_exit_2_naming_the_flag(argv, named, capsys, monkeypatch, tmp_
     assert not (tmp_path / "data").exists()  # nothing started
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--customers", "2", "--api-key", "k"], "--api-key"),
+        (["--tenants-file", "t.toml", "--client-secret", "s"], "--client-secret"),
+    ],
+)
+def test_a_fixed_credential_beside_several_customers_exits_2(argv, named, capsys):
+    """`--client-secret` and `--api-key` are the one customer's: with several customers they
+    would be served to nobody, so the sandbox refuses them before it draws any data."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["sandbox", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{named} fix the one customer's credentials" in err
+    assert len(err.splitlines()) <= 20  # argparse's usage of `sandbox`, then the one line
+
+
 def _leaves(parser: argparse.ArgumentParser, name: str = "clinical-sync"):
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:

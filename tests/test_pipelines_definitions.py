@@ -19,11 +19,19 @@ from pipelines.checks import (
     RECONCILED,
     REFERENCES,
     REJECTS,
+    SETTLED,
     STALENESS,
     references_by_table,
 )
 from pipelines.documents_asset import CONTENT_KEY
-from pipelines.keys import API_POOL, PUBLISHED_KEY, WAREHOUSE_POOL, lake_key, table_key
+from pipelines.keys import (
+    API_POOL,
+    EXACTNESS_KEY,
+    PUBLISHED_KEY,
+    WAREHOUSE_POOL,
+    lake_key,
+    table_key,
+)
 from sync.budget import needs_whole
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +82,13 @@ def test_one_extraction_and_one_table_per_entity_set_and_the_models():
     models = {k for k in keys if k.path[0] == "analytics"}
     assert AssetKey(["analytics", "prescription_claims"]) in models
     documents = {lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY}
-    assert keys == expected | models | documents | {PUBLISHED_KEY}
+    assert keys == expected | models | documents | {PUBLISHED_KEY, EXACTNESS_KEY}
     # Published once everything that writes the warehouse has committed.
     assert graph.get(PUBLISHED_KEY).parent_keys == keys - {PUBLISHED_KEY}
+    # The run's end after every table's load, the models after it (they read what it loads).
+    assert graph.get(EXACTNESS_KEY).parent_keys == {table_key(e) for e in ALL_ENTITIES}
+    for model in models:
+        assert EXACTNESS_KEY in graph.get(model).parent_keys
     node = graph.get(AssetKey(["analytics", "prescription_claims"]))
     assert {table_key(e) for e in ENTITY_SETS if e.table in ("claims", "prescriptions")} <= set(
         node.parent_keys
@@ -94,6 +106,7 @@ def test_pools_kinds_owners_and_descriptions():
         assert graph.get(lake_key(entity)).pools == {API_POOL}
         assert graph.get(table_key(entity)).pools == {WAREHOUSE_POOL}
     assert graph.get(PUBLISHED_KEY).pools == {WAREHOUSE_POOL}
+    assert graph.get(EXACTNESS_KEY).pools == {WAREHOUSE_POOL}  # it loads what it looks at
 
 
 def test_jobs_schedule_and_sensor_exist():
@@ -126,10 +139,12 @@ def test_checks_exist_for_every_table():
         assert key in checks
         deps = graph.get(key).parent_entity_keys
         assert {table_key(r.target) for r in refs} <= deps | {table_key(source)}
+    # The run's exactness, decided in one place for every set.
+    assert AssetCheckKey(EXACTNESS_KEY, SETTLED) in checks
     # Three events and a materialization lookup each, per run and tenant: kept to the questions
     # an operator acts on (the count, reconciliation, what was set aside, staleness, references).
     tables = ALL_ENTITIES  # the documents' table too
-    assert len(checks) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table)
+    assert len(checks) == 3 * len(tables) + sum(map(needs_whole, tables)) + len(by_table) + 1
 
 
 def test_every_table_has_a_freshness_policy():

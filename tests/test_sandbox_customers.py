@@ -131,7 +131,25 @@ def test_one_customer_by_default_and_no_two_alike():
         config.api_key,
     )
     with pytest.raises(ValueError, match="share a name"):
-        SandboxConfig(customers=[Customer("a"), Customer("a")]).served()
+        SandboxConfig(customers=[Customer("a"), Customer("a")])
+
+
+def test_the_one_customers_settings_are_refused_beside_customers():
+    """With `customers` each customer has its own credentials: the one customer's fields hold
+    nothing (no default is kept for nobody), and a value given for them is refused."""
+    several = SandboxConfig(customers=[Customer("a"), Customer("b")])
+    assert (several.customer, several.client_id, several.client_secret, several.api_key) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    with pytest.raises(ValueError, match="client_secret, api_key: the one customer's"):
+        SandboxConfig(customers=[Customer("a")], client_secret="s", api_key="k")
+    one = SandboxConfig()
+    one.customers = [Customer("a")]  # given after the one customer's were drawn
+    with pytest.raises(ValueError, match="customer, client_id, client_secret, api_key"):
+        one.served()
 
 
 def test_the_command_serves_customers_side_by_side_and_writes_their_tenants_file(tmp_path):

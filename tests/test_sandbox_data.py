@@ -167,3 +167,20 @@ def test_new_opaque_ids_land_inside_the_key_range():
         for k in keys[:-1]
         if k not in Store(seed=5, scale=0.2).table("Appointments").by_key
     )
+
+
+def test_drifts_log_keeps_the_newest_changes_only(monkeypatch):
+    """A sandbox that drifts for days (`make dev`, a soak) keeps a bounded log of what drift
+    changed: the newest CHANGES_KEPT, oldest first."""
+    import random
+
+    from connectors.sandbox import store as store_module
+
+    monkeypatch.setattr(store_module, "CHANGES_KEPT", 6)
+    small = Store(seed=5, scale=0.05)
+    rng = random.Random(1)
+    for _ in range(5):  # three changes each: a delete, an insert, an update
+        small.drift(cat.APPOINTMENTS, rng=rng)
+    assert len(small.changes) == 6
+    assert [c.at for c in small.changes] == sorted(c.at for c in small.changes)
+    assert small.changes[-1].at == small.now  # the newest kept

@@ -133,6 +133,10 @@ def each_own_output_and_request_lines_in_its_log_file(home: Path) -> None:
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in outputs.values())
     a_run = outputs["clinic-a"].read_text().splitlines()[-1].split()[1].rstrip(":")
     assert "invalid_client" in outputs["clinic-b"].read_text()
+    # in the words of its tenants file: its keys, not the variables it does not read
+    b_lines = outputs["clinic-b"].read_text()
+    assert "wrong client_id or client_secret" in b_lines and "CLINICAL_" not in b_lines
+    assert "correct tenant clinic-b's client_id and client_secret" in b_lines
     # out of step: clinic-b, second in the file, starts its reads one family on (its first
     # request, the token's, failed there)
     assert "failed in extract_branches" in outputs["clinic-b"].read_text()
@@ -145,6 +149,38 @@ def each_own_output_and_request_lines_in_its_log_file(home: Path) -> None:
     with DagsterInstance.local_temp(str(home)) as instance:
         messages = [record.message for record in instance.all_logs(a_run)]
     assert messages and not any("status=200" in m for m in messages)
+
+
+def test_a_tenant_whose_service_is_down_is_told_what_to_check_in_its_file(tmp_path):
+    """A tenant's run reads its tenants file, not CLINICAL_AUTH_URL or CLINICAL_API_BASE_URL:
+    the failure names the tenant, the file and the keys to check there."""
+    import socket
+
+    from pipelines.tenants import Secret, write
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = write(
+        tmp_path / "tenants.toml",
+        [
+            {
+                "name": "clinic-x",
+                "base_url": f"http://127.0.0.1:{port}/api",
+                "auth_url": f"http://127.0.0.1:{port}/auth",
+                "client_id": "clinic-x-client",
+                "client_secret": Secret(env="CLINIC_X_SECRET"),
+                "api_key": Secret(env="CLINIC_X_KEY"),
+            }
+        ],
+    ).path
+    env = {**operator(tmp_path, path), "CLINIC_X_SECRET": "s", "CLINIC_X_KEY": "k"}
+    done = run(["sync", "--tenant", "clinic-x"], env, tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "connection refused" in done.stderr
+    advice = f"do:   check tenant clinic-x's auth_url and base_url in {path} and that its"
+    assert advice in done.stderr, done.stderr
+    assert "CLINICAL_" not in done.stderr, done.stderr
 
 
 def test_add_writes_a_private_file_with_no_secret_in_it(three, tmp_path):

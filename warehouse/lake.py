@@ -6,6 +6,7 @@ Layout under the root:
     _rejects/entity=<table>/<batch_id>.parquet                           that batch's rejects
     _deletes/entity=<table>/<batch_id>.parquet                           keys found deleted
     _tmp/                                                                files being written
+    _journal/run=<run_id>/<step>.json                                    a run's requests, per step
     _source.json                                                         base URL and customer
     _runs/<run_id>.json                                                  how each run ended
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +42,7 @@ META_KEY = b"clinical_sync.batch"
 REJECTS, DELETES = "rejects", "deletes"  # a batch's side files, under `_<kind>/`
 SOURCE_FILE = "_source.json"
 RUNS = "_runs"  # each run's row of ops.sync_runs, as written when it ended
+JOURNAL = "_journal"
 # 2: issue 29's typing rule (ids as sent, DECIMAL(38,12), Prescriptions.created_at as text).
 # A batch of format 1 still loads (the merge casts each column on read), but what the old
 # rule merged or rejected is not in it.
@@ -264,6 +267,31 @@ class Lake:
                     row[name] = datetime.fromisoformat(value)
             found.append(row)
         return sorted(found, key=lambda r: r.get("started_at") or datetime.min.replace(tzinfo=UTC))
+
+    # -- a run's journal: what each extraction step asked, for the run's end -----------------
+
+    def write_journal(self, run_id: str, step: str, payload: dict) -> None:
+        """One step's journal of `run_id` (sync/settle.py's `journal`), replacing an earlier
+        attempt's; it names sets and times, never a record or an id."""
+        if not (RUN_ID_RE.match(run_id) and RUN_ID_RE.match(step)):
+            raise ValueError("run and step names may hold only letters, digits, '_', '.', '-'")
+        folder = self._private_dir(self.root / JOURNAL / f"run={run_id}")
+        tmp = folder / f".{step}.{uuid.uuid4().hex}"
+        with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
+            out.write(json.dumps(payload))
+        os.replace(tmp, folder / f"{step}.json")
+
+    def journals(self, run_id: str) -> list[dict]:
+        """Every step's journal of `run_id` written so far."""
+        folder = self.root / JOURNAL / f"run={run_id}"
+        return [json.loads(path.read_text("utf-8")) for path in sorted(folder.glob("*.json"))]
+
+    def drop_journals(self, keep: str | None = None) -> None:
+        """Forget the journals of every run but `keep` (a killed run's are of no use: the
+        next run reads every set again from what was committed)."""
+        for folder in (self.root / JOURNAL).glob("run=*"):
+            if folder.name != f"run={keep}":
+                shutil.rmtree(folder, ignore_errors=True)
 
     @staticmethod
     def relative_name(path: Path) -> str:

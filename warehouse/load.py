@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -21,14 +22,17 @@ import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
 from warehouse import ddl, migrations, models, ops, runs, vacuum, writer
-from warehouse.connection import Transaction, connect, memory_limit, spill_dir
+from warehouse.connection import Transaction, connect, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
 from warehouse.ledger import LoadResult
+from warehouse.memory import memory_limit
 from warehouse.merge import Merge
 from warehouse.ops import EntityStatus
 from warehouse.private import make_private, private_dir
 from warehouse.runs import SetResult
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EntityStatus",
@@ -139,9 +143,29 @@ class Warehouse:
 
     def refresh_models(self) -> dict[str, int]:
         """Build the analytics tables from `warehouse/sql/*.sql`, in name order, all in one
-        transaction (a failure leaves the previous ones); the rows of each."""
-        with self.transaction():
-            return models.refresh(self.con, models.models())
+        transaction; the rows of each. The previous build's tables are dropped first, so
+        that the file never holds two (`vacuum.drop_models`): a failure leaves none, every
+        model stale, and a publication builds them before it copies.
+
+        A build that runs out of memory is tried again on one thread: DuckDB's hash joins
+        and aggregates hold state per thread, so one thread needs less under the same cap
+        and spills what does not fit. A slower build, not a failed night."""
+        vacuum.drop_models(self.con)
+        try:
+            with self.transaction():
+                return models.refresh(self.con, models.models())
+        except duckdb.OutOfMemoryException:
+            log.warning(
+                "the models ran out of memory under %s: built again on one thread",
+                self.memory_limit,
+            )
+        (threads,) = self.con.execute("SELECT current_setting('threads')").fetchone()
+        self.con.execute("SET threads = 1")
+        try:
+            with self.transaction():
+                return models.refresh(self.con, models.models())
+        finally:
+            self.con.execute(f"SET threads = {int(threads)}")
 
     def stale_models(self) -> list[str]:
         """The analytics tables older than the clinical tables they read (`models.stale`)."""

@@ -217,6 +217,17 @@ def record_checks(
     )
 
 
+def mark_unsettled(con: duckdb.DuckDBPyConnection, run_id: str, entity: str, check: str) -> None:
+    """A set the run's end found touched after its last look, and could not look at again:
+    `check` failed (not exact), by at least one record."""
+    record_checks(con, run_id, entity, [(check, False, True)])
+    con.execute(
+        'UPDATE "ops"."set_results" SET "unreconciled" = greatest("unreconciled", 1) '
+        'WHERE "run_id" = ? AND "entity" = ?',
+        [run_id, entity],
+    )
+
+
 def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
     """Per entity set, how its last recorded run ended: read from `analytics.sync_health`,
     so `status` and the analysts' view say the same; empty for a warehouse made before

@@ -7,12 +7,24 @@ deleted rows. For a merge that changed 10% of 1M rows spread over the whole tabl
 leaves the dead rows until they are a fifth of the table; the load that crosses that line
 lets the checkpoint vacuum. Dead rows cost disk and scan time, never correctness: DuckDB
 never returns a deleted row.
+
+The analytics models are the other source of dead space: a table built again is written
+before the old one is freed, so the file holds two generations of the models and, after the
+build, a generation of free blocks (a quarter of the file at scale 10). `drop_models` frees
+the old generation first, so that the new one is written into it.
+
+What is left is DuckDB's copy-on-write: a checkpoint writes the row groups a night changed
+(the whole table, while it fits in one row group of 122,880 rows) and frees the old blocks,
+which the next night reuses. When free blocks reach a fifth of the file all the same, the
+publication writes the night compactly (`file_is_due`, warehouse/publish.py).
 """
 
 from __future__ import annotations
 
 import duckdb
 
+from warehouse.connection import Transaction
+from warehouse.ddl import ANALYTICS, DDL_VIEWS, OPS
 from warehouse.ident import qualified
 
 SETTING = "max_vacuum_tasks"
@@ -40,3 +52,35 @@ def set_for_commit(con: duckdb.DuckDBPyConnection, schema: str, table: str, appe
     if known:
         due = is_due(stored + appended, live)
         con.execute(f"RESET {SETTING}" if due else f"SET {SETTING} = 0")
+
+
+def drop_models(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop the analytics tables and forget their builds (`ops.models`: every model is then
+    stale), and checkpoint, before they are built again: the build reuses their blocks.
+    Outside a transaction. Analysts never miss them: they read the published file, and a
+    publication builds stale models before it copies (`warehouse/publish.py`)."""
+    tables = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = ?", [ANALYTICS]
+    ).fetchall()
+    if not tables:
+        return
+    with Transaction(con):
+        for (name,) in tables:
+            if name not in DDL_VIEWS:
+                con.execute(f"DROP TABLE {qualified(ANALYTICS, name)}")
+        con.execute(f"DELETE FROM {qualified(OPS, 'models')}")
+    con.execute("CHECKPOINT")
+
+
+def free_share(con: duckdb.DuckDBPyConnection) -> float:
+    """The file's free blocks over all its blocks, as of the last checkpoint."""
+    total, free = con.execute(
+        "SELECT total_blocks, free_blocks FROM pragma_database_size() "
+        "WHERE database_name = current_database()"
+    ).fetchone()
+    return free / total if total else 0.0
+
+
+def file_is_due(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether free blocks reach a fifth of the file: time to write it compactly."""
+    return free_share(con) >= DEAD_FRACTION

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,6 +38,26 @@ CONNECT_ATTEMPTS = 2
 RETRIABLE_TOKEN_ERRORS = (httpx.TransportError,)
 
 
+class Clock(Protocol):
+    """What paces the client: a token's renewal, a retry's backoff; and the wall time its
+    looks are stamped with (`Wire.clock`)."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def time(self) -> float: ...
+
+
+class _SystemClock:
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+    time = staticmethod(time.time)
+
+
+SYSTEM_CLOCK: Clock = _SystemClock()
+
+
 class TokenProvider:
     """Hands out a valid bearer token; fetches a new one when due or after a 401."""
 
@@ -45,8 +66,10 @@ class TokenProvider:
         settings: Settings,
         http: httpx.Client,
         on_refresh: Callable[[], None] = lambda: None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
+        self._clock = clock
         self._http = http
         self._on_refresh = on_refresh
         self._lock = threading.Lock()
@@ -55,10 +78,10 @@ class TokenProvider:
 
     def token(self) -> str:
         token = self._token
-        if token is not None and time.monotonic() < self._renew_at:
+        if token is not None and self._clock.monotonic() < self._renew_at:
             return token
         with self._lock:
-            if self._token is None or time.monotonic() >= self._renew_at:
+            if self._token is None or self._clock.monotonic() >= self._renew_at:
                 self._fetch()
             assert self._token is not None
             return self._token
@@ -78,7 +101,7 @@ class TokenProvider:
             "scope": s.scope,
         }
         for attempt in range(1, TOKEN_ATTEMPTS + 1):
-            started = time.monotonic()
+            started = self._clock.monotonic()
             try:
                 response = self._http.post(f"{s.auth_url}/oauth2/token", data=form)
             except RETRIABLE_TOKEN_ERRORS as error:
@@ -90,9 +113,9 @@ class TokenProvider:
                         "token service", where, connect_failure(error)
                     ) from None
                 log.warning("POST token failed attempt=%d error=%s", attempt, type(error).__name__)
-                time.sleep(min(2.0, 0.2 * 2**attempt))
+                self._clock.sleep(min(2.0, 0.2 * 2**attempt))
                 continue
-            ms = (time.monotonic() - started) * 1000
+            ms = (self._clock.monotonic() - started) * 1000
             log.info(
                 "POST token status=%d duration_ms=%.0f attempt=%d",
                 response.status_code,
@@ -100,7 +123,7 @@ class TokenProvider:
                 attempt,
             )
             if response.status_code >= 500 or response.status_code == 429:
-                time.sleep(min(2.0, 0.2 * 2**attempt))
+                self._clock.sleep(min(2.0, 0.2 * 2**attempt))
                 continue
             body = _json(response)
             if response.status_code != 200:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 from urllib.parse import parse_qsl
 
@@ -18,7 +17,7 @@ from connectors.clinical_records.paging import COUNT, Page, Pager, Progress
 from connectors.clinical_records.query import Expand, Expr, Query
 from connectors.clinical_records.ratelimit import RequestLimiter, shared_limiter
 from connectors.clinical_records.settings import Settings
-from connectors.clinical_records.transport import Call, Counters, Transport, path_key
+from connectors.clinical_records.transport import Call, Counters, Transport, Wire, path_key
 
 __all__ = ["ClinicalClient", "Page"]
 
@@ -56,15 +55,15 @@ class ClinicalClient:
         logger: logging.Logger | None = None,
         limiter: RequestLimiter | None = None,
         progress: Progress | None = None,
+        wire: Wire | None = None,
     ) -> None:
         self.settings = settings
         self.stats = Counters()
         self.progress = progress
         self.limiter = limiter or shared_limiter(settings)
-        self.transport = Transport(settings, self.limiter, self.stats, logger)
-        self.executor = ThreadPoolExecutor(
-            max_workers=settings.max_in_flight, thread_name_prefix="clinical-request"
-        )
+        self.wire = wire or Wire()
+        self.transport = Transport(settings, self.limiter, self.stats, logger, self.wire)
+        self.executor = self.wire.pool(settings.max_in_flight)
 
     def __enter__(self) -> Self:
         return self
@@ -87,11 +86,12 @@ class ClinicalClient:
         progress: Progress | None = None,
     ) -> Iterator[Page]:
         """Every record matching `query`, page by page in key order, none lost or repeated."""
+        shows = (query or Query(entity)).shows()
         pager = Pager(
             entity,
             query,
             fetch=lambda q, n: self._fetch_page(entity, q, n),
-            fetch_link=lambda link, n: self._fetch_link(entity, link, n),
+            fetch_link=lambda link, n: self._fetch_link(entity, link, n, shows),
             executor=self.executor,
             in_flight=self.settings.max_in_flight,
             progress=progress or self.progress,
@@ -121,8 +121,9 @@ class ClinicalClient:
         expand: list[Expand | str] | None = None,
     ) -> dict[str, Any]:
         """One entity by key, `@odata.context` removed."""
-        params = Query(entity, select=select, expand=expand or ()).params()
-        call = Call("GET", f"{entity.name}({path_key(key)})", entity.name, params)
+        query = Query(entity, select=select, expand=expand or ())
+        path = f"{entity.name}({path_key(key)})"
+        call = Call("GET", path, entity.name, query.params(), shows=query.shows())
         body = self.transport.json(call, validate=entity_validator)
         return {k: v for k, v in body.items() if not k.startswith("@odata.")}
 
@@ -141,7 +142,7 @@ class ClinicalClient:
             except NotFound:
                 return None
 
-        with ThreadPoolExecutor(max_workers=self.settings.max_in_flight) as pool:
+        with self.wire.pool(self.settings.max_in_flight) as pool:
             yield from pool.map(one, items)
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -149,15 +150,17 @@ class ClinicalClient:
     def _fetch_page(self, entity: EntitySet, query: Query, number: int | None) -> dict[str, Any]:
         if query.entity is not entity:
             raise ValueError(f"the query is for {query.entity.name}, not {entity.name}")
-        call = Call("GET", entity.name, entity.name, query.params(), number)
+        call = Call("GET", entity.name, entity.name, query.params(), number, shows=query.shows())
         return self.transport.json(call, validate=collection_validator(query.count))
 
-    def _fetch_link(self, entity: EntitySet, link: str, number: int) -> dict[str, Any]:
+    def _fetch_link(
+        self, entity: EntitySet, link: str, number: int, shows: frozenset[str]
+    ) -> dict[str, Any]:
         """Follow a nextLink, but only below our own base URL (the token must not leave it)."""
         base = self.settings.base_url + "/"
         if not link.startswith(base):
             raise MalformedResponse("@odata.nextLink points outside the service", entity.name)
         path, _, query_text = link[len(base) :].partition("?")
         params = dict(parse_qsl(query_text, keep_blank_values=True))
-        call = Call("GET", path, entity.name, params, number)
+        call = Call("GET", path, entity.name, params, number, shows=shows)
         return self.transport.json(call, validate=collection_validator(False))

@@ -30,6 +30,7 @@ from connectors.clinical_records.query import Expr, OrderItem, Query
 from connectors.clinical_records.transport import Call, path_key
 
 LABEL = DOCUMENTS.name
+SHOWS = frozenset({DOCUMENTS.name})  # a listing is a look at its patient's documents
 EXTRA_TYPES = {".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
 
 
@@ -118,7 +119,7 @@ class DocumentsClient:
                 top=PAGE_SIZE,
                 skip=skip,
             )
-            call = Call("GET", self._path(patient_id), LABEL, query.params())
+            call = Call("GET", self._path(patient_id), LABEL, query.params(), shows=SHOWS)
             records = self.transport.json(call, validate=collection_validator(False))["value"]
             self.client.stats.add(pages=1, records=len(records))
             yield from records

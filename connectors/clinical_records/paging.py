@@ -23,8 +23,9 @@ The scheme:
    followed one after another instead.
 
 What this guarantees under change: every record that exists from the start to the end of
-the read is read exactly once; nothing is read twice; a record inserted or deleted during
-the read may or may not appear. Without change the count read equals `@odata.count`, and
+the read is read; a record is passed on once, unless a later page shows it in another
+version (it is passed on again: no record a response carries is dropped); a record inserted
+or deleted during the read may or may not appear. Without change the count read equals `@odata.count`, and
 a difference is logged.
 """
 
@@ -105,6 +106,7 @@ class Pager:
         self.progress = progress
         self.key = entity.key
         self.seen: set[Any] = set()
+        self.previous: dict[Any, dict] = {}  # the last page's records by key (the overlap)
         self.last: Any = None  # the greatest key read so far (keys are read in order)
         self.total: int | None = None
         self.number = 0
@@ -201,16 +203,24 @@ class Pager:
             link = envelope.get(NEXT_LINK) or ""
 
     def _emit(self, records: list[dict]) -> Iterator[Page]:
+        """A page's records, each once: a key the previous page brought as it is now is the
+        windows' overlap and dropped; one seen before in another version (or further back)
+        is passed on again, for a response's record is never dropped (the newer version
+        wins the merge, sync/exactness.py)."""
         fresh = []
         keyed = []
+        previous, self.previous = self.previous, {}
         for record in records:
             key = self._key(record)
             if key is None:  # a record without a usable key: passed on for normalise to reject
                 fresh.append(record)
                 continue
             keyed.append(key)
+            self.previous[key] = record
             if key not in self.seen:
                 self.seen.add(key)
+                fresh.append(record)
+            elif previous.get(key) != record:
                 fresh.append(record)
         if keyed:
             self.last = keyed[-1]  # pages arrive in key order

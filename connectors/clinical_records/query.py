@@ -9,7 +9,7 @@ date-times bare, numbers bare, `true`/`false`, `null`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -273,6 +273,11 @@ class Query(Options):
         """The query options as `$name -> text`, in a fixed order."""
         return _options(self.entity, self, depth=0)
 
+    def shows(self) -> frozenset[str]:
+        """The entity sets whose records or counts the answer reflects: this one and every
+        set its `$expand` reaches, nested ones too (the request is a look at each)."""
+        return frozenset(_shown(self.entity, self))
+
     def replace(self, **changes: Any) -> Query:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values.update(changes)
@@ -302,6 +307,13 @@ def _options(entity: EntitySet, q: Query | Expand, depth: int) -> dict[str, str]
     if q.expand:
         params["$expand"] = ",".join(_expand(entity, item, depth + 1) for item in q.expand)
     return params
+
+
+def _shown(entity: EntitySet, q: Query | Expand) -> Iterator[str]:
+    yield entity.name
+    for item in q.expand:
+        spec = Expand(item) if isinstance(item, str) else item
+        yield from _shown(entity.navigation[spec.name].target_set, spec)
 
 
 def _order_item(entity: EntitySet, item: OrderItem) -> str:

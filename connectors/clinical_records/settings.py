@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from connectors.clinical_records.catalogue import SCOPE_PREFIX
 from connectors.clinical_records.errors import ConfigError
-from connectors.clinical_records.postgres import POSTGRES_VARIABLE
+from connectors.clinical_records.postgres import POSTGRES_VARIABLE, URL_FORM, place
 
 T = TypeVar("T", int, float)
 
@@ -194,12 +194,9 @@ def _limiter_url(values: Mapping[str, str]) -> str | None:
     if not text:
         return None
     try:
-        parts = urlsplit(text)
-        ok = parts.scheme in ("postgresql", "postgres") and bool(parts.hostname)
+        place(text)
     except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(POSTGRES_VARIABLE, "postgresql://user:password@host:port/database")
+        raise ConfigError(POSTGRES_VARIABLE, URL_FORM) from None
     return text
 
 

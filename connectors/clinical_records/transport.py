@@ -26,6 +26,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,13 @@ from urllib.parse import quote
 
 import httpx
 
-from connectors.clinical_records.auth import CONNECT_ATTEMPTS, TokenProvider, address
+from connectors.clinical_records.auth import (
+    CONNECT_ATTEMPTS,
+    SYSTEM_CLOCK,
+    Clock,
+    TokenProvider,
+    address,
+)
 from connectors.clinical_records.decode import decode_json
 from connectors.clinical_records.errors import (
     ApiError,
@@ -62,10 +69,24 @@ PROGRESS_SECONDS = 10.0  # at most one progress line this often to the caller's 
 RETRIABLE_TRANSPORT = (httpx.TransportError, httpx.DecodingError)
 
 
+@dataclass(frozen=True)
+class Look:
+    """One answered request, as a look at every entity set its answer showed (the set asked
+    and those expanded into it): when it was sent and when its answer had been read, by the
+    wall clock that every step of a run on one host shares. The end of a run checks each
+    set's last look against every other look at it (sync/exactness.py)."""
+
+    id: str  # unique in a run: the process and the request's number in it
+    shows: frozenset[str]
+    sent: float
+    answered: float
+
+
 @dataclass
 class Counters:
     """Per-run figures the Dagster assets publish as metadata; `measure` attributes them to
-    a piece of work."""
+    a piece of work. The one meter of requests: it also keeps every answered request's
+    `Look` (`looks`), and each thread's latest (`latest_look`)."""
 
     requests: int = 0
     pages: int = 0
@@ -81,6 +102,26 @@ class Counters:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _waiters: int = field(default=0, repr=False, compare=False)
     _wait_began: float = field(default=0.0, repr=False, compare=False)
+    _looks: list[Look] = field(default_factory=list, repr=False, compare=False)
+    _latest: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+
+    def look(self, shows: frozenset[str], sent: float, answered: float) -> Look:
+        """An answered request that showed `shows`."""
+        with self._lock:
+            seen = Look(f"{os.getpid()}.{len(self._looks)}", shows, sent, answered)
+            self._looks.append(seen)
+        self._latest.look = seen
+        return seen
+
+    @property
+    def looks(self) -> list[Look]:
+        with self._lock:
+            return list(self._looks)
+
+    def latest_look(self) -> Look | None:
+        """The last answered request this thread sent (a reconciler's own requests are sent
+        from its thread: its last look at a set is the latest after its final probe)."""
+        return getattr(self._latest, "look", None)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -177,7 +218,25 @@ def _verifying_context(ca_bundle: str | None, modified_ns: int) -> ssl.SSLContex
     return context
 
 
-def http_client(settings: Settings) -> httpx.Client:
+def _threads(workers: int) -> Executor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="clinical-request")
+
+
+@dataclass(frozen=True)
+class Wire:
+    """Where requests go and what paces them: by default the network, threads that keep
+    several requests in flight, and the host's clock. The simulation (tests/simulation)
+    hands in a service in process, a pool that runs tasks in an order its seed chooses and a
+    clock of its own, so that a whole run replays from one seed, no socket and no sleep."""
+
+    transport: httpx.BaseTransport | None = None  # None: the network
+    pool: Callable[[int], Executor] = _threads  # an executor of that many workers
+    clock: Clock = SYSTEM_CLOCK
+
+
+def http_client(settings: Settings, transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    if transport is not None:
+        return httpx.Client(transport=transport, follow_redirects=False)
     return httpx.Client(
         verify=ssl_context(settings),
         timeout=httpx.Timeout(
@@ -224,6 +283,7 @@ class Call:
     params: dict[str, str] = field(default_factory=dict)
     page: int | None = None
     idempotent: bool = True
+    shows: frozenset[str] = frozenset()  # the entity sets its answer shows (`Query.shows`)
 
 
 class Transport:
@@ -235,17 +295,23 @@ class Transport:
         limiter: RequestLimiter,
         counters: Counters,
         logger: logging.Logger | None = None,
+        wire: Wire | None = None,
     ) -> None:
+        wire = wire or Wire()
         self.settings = settings
+        self.clock = wire.clock
         self.limiter = limiter
         self.counters = counters
         self.log = logging.getLogger(LOGGER_NAME)
         self.progress_log = logger
         self._progress_lock = threading.Lock()
         self._progress_at = time.monotonic()
-        self.http = http_client(settings)
+        self.http = http_client(settings, wire.transport)
         self.tokens = TokenProvider(
-            settings, self.http, on_refresh=lambda: counters.add(token_refreshes=1)
+            settings,
+            self.http,
+            on_refresh=lambda: counters.add(token_refreshes=1),
+            clock=wire.clock,
         )
 
     def close(self) -> None:
@@ -330,7 +396,7 @@ class Transport:
         handle: Callable[[httpx.Response], Any],
         body: Callable[[], dict[str, Any]] | None,
     ) -> Any:
-        deadline = time.monotonic() + self.settings.retry_budget_seconds
+        deadline = self.clock.monotonic() + self.settings.retry_budget_seconds
         refreshed = False
         reason = ""
         attempt = 0
@@ -342,6 +408,7 @@ class Transport:
             self.counters.add(requests=1)
             token = self.tokens.token()
             started = time.monotonic()
+            sent = self.clock.time()
             status: int | str = "-"
             try:
                 request = self.http.build_request(
@@ -390,13 +457,15 @@ class Transport:
                     raise RetryExhausted(reason, attempt, call.label, call.page) from None
             else:
                 self.limiter.succeeded()
+                if call.shows:
+                    self.counters.look(call.shows, sent, self.clock.time())
                 return result
             delay = backoff(attempt) if wait is None else wait
-            if attempt >= self.settings.max_attempts or time.monotonic() + delay > deadline:
+            if attempt >= self.settings.max_attempts or self.clock.monotonic() + delay > deadline:
                 break
             self.counters.add(retries=1)
             with self.counters.waiting():
-                time.sleep(delay)
+                self.clock.sleep(delay)
         raise RetryExhausted(reason, attempt, call.label, call.page)
 
     def _refusal(self, call: Call, response: httpx.Response) -> ApiError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -71,9 +72,14 @@ class Sandbox(DocumentEndpoints):
     own store: a request's credentials choose the store it reads and writes (`store`), and
     its API key the bucket of the rate limit."""
 
-    def __init__(self, config: SandboxConfig, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        config: SandboxConfig,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
-        self.tokens = TokenService(config)
+        self.tokens = TokenService(config, clock)
         self.stores: dict[str, Store] = {}
         for number, customer in enumerate(self.tokens.customers):
             given = store if number == 0 else None  # a store handed in is the default's

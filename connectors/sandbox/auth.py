@@ -28,8 +28,9 @@ class TokenService:
     """Issues bearer tokens to the customers' clients and checks them; a token belongs to the
     customer it was issued to and dies `token_lifetime` seconds after issue."""
 
-    def __init__(self, config: SandboxConfig) -> None:
+    def __init__(self, config: SandboxConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.clock = clock  # the simulation's own (tests/simulation): expiry without waiting
         self.customers = config.served()
         self._expiry: dict[str, tuple[Customer, float]] = {}
         self.issued = 0
@@ -47,7 +48,7 @@ class TokenService:
             raise OAuthError(401, "invalid_client", "Client authentication failed.")
         if form.get("scope") != f"{SCOPE_PREFIX}{customer.name}":
             raise OAuthError(400, "invalid_scope", "The requested scope is invalid or unknown.")
-        now = time.monotonic()
+        now = self.clock()
         self._expiry = {t: held for t, held in self._expiry.items() if held[1] > now}
         token = secrets.token_urlsafe(32)
         self._expiry[token] = (customer, now + self.config.token_lifetime)
@@ -72,7 +73,7 @@ class TokenService:
             raise unauthorized("The access token is invalid.")
         if owner is not customer:
             raise unauthorized("The access token was issued to another customer's client.")
-        if expiry <= time.monotonic():
+        if expiry <= self.clock():
             raise unauthorized("The access token has expired.")
         return customer
 

@@ -14,6 +14,14 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import Canonical, Edm, EntitySet, Field
+from connectors.sandbox.value_text import (
+    decimals,
+    hhmmss,
+    iso_dates,
+    iso_instants,
+    pick,
+    utc_instants,
+)
 
 EPOCH = datetime(2026, 11, 1, tzinfo=UTC)  # the sandbox clock starts here: data is reproducible
 HISTORY_SECONDS = 3 * 365 * 86400
@@ -128,71 +136,6 @@ Column = list
 Rule = Callable[[Context, Field], Column]
 
 
-# -- formatting, vectorised ------------------------------------------------------------------
-
-
-def iso_dates(seconds: np.ndarray) -> list[str]:
-    return np.datetime_as_string(seconds.astype("datetime64[s]"), unit="D").tolist()
-
-
-def iso_instants(rng: np.random.Generator, seconds: np.ndarray) -> list[str]:
-    """ISO 8601 with a mix of Z and offsets, and sometimes milli- or microseconds."""
-    n = len(seconds)
-    offsets = rng.choice(np.array(OFFSETS), n)
-    local = (seconds + offsets).astype("datetime64[s]")
-    text = np.datetime_as_string(local, unit="s").tolist()
-    fraction_kind = rng.choice(3, n, p=[0.7, 0.2, 0.1])
-    digits = rng.integers(0, 1_000_000, n)
-    out = []
-    for body, off, kind, frac in zip(text, offsets.tolist(), fraction_kind, digits, strict=True):
-        if kind == 1:
-            body += f".{frac // 1000:03d}"
-        elif kind == 2:
-            body += f".{frac:06d}"
-        out.append(body + OFFSET_TEXT[off])
-    return out
-
-
-def _offset(seconds: int) -> str:
-    if seconds == 0:
-        return "Z"
-    sign = "+" if seconds > 0 else "-"
-    hours, minutes = divmod(abs(seconds) // 60, 60)
-    return f"{sign}{hours:02d}:{minutes:02d}"
-
-
-OFFSETS = [0, 0, 0, 7200, -18000, 19800, -25200, 3600]  # UTC most often, then a few zones
-OFFSET_TEXT = {seconds: _offset(seconds) for seconds in OFFSETS}
-
-
-def utc_instants(seconds: np.ndarray) -> list[str]:
-    """Fixed-width UTC with Z (Prescriptions.created_at is a plain string of this form)."""
-    return [s + "Z" for s in np.datetime_as_string(seconds.astype("datetime64[s]"), unit="s")]
-
-
-def hhmmss(seconds_of_day: np.ndarray) -> list[str]:
-    h, rest = np.divmod(seconds_of_day, 3600)
-    m, s = np.divmod(rest, 60)
-    return [f"{a:02d}:{b:02d}:{c:02d}" for a, b, c in zip(h, m, s, strict=True)]
-
-
-def decimals(rng: np.random.Generator, n: int, high: float) -> list[str]:
-    """Decimal text of varied scale: "12", "12.5", "12.50", "0.0001"."""
-    cents = rng.integers(0, int(high * 10_000), n)
-    scales = rng.choice(np.array([0, 1, 2, 2, 2, 3, 4]), n)
-    out = []
-    for value, scale in zip(cents.tolist(), scales.tolist(), strict=True):
-        whole, frac = divmod(value, 10_000)
-        out.append(
-            str(whole) if scale == 0 else f"{whole}.{frac:04d}"[: len(str(whole)) + 1 + scale]
-        )
-    return out
-
-
-def pick(rng: np.random.Generator, pool: Sequence, n: int) -> list:
-    return [pool[i] for i in rng.integers(0, len(pool), n)]
-
-
 # -- rules by field ---------------------------------------------------------------------------
 
 
@@ -230,7 +173,8 @@ def reference(ctx: Context, fld: Field) -> Column:
     written as this field's own JSON type: the string/number mismatch of the spec."""
     assert fld.key is not None
     if fld.key in HOME:
-        return pick(ctx.rng, joinable(parent_keys(ctx, fld), fld), ctx.n)
+        parents = joinable(parent_keys(ctx, fld), fld)
+        return pick(ctx.rng, parents, ctx.n) if parents else [None] * ctx.n  # all deleted
     pool: list = (
         list(range(1, 400))
         if fld.key in cat.NUMERIC_KEYS
@@ -240,13 +184,18 @@ def reference(ctx: Context, fld: Field) -> Column:
     return pick(ctx.rng, [kind(v) for v in pool], ctx.n)
 
 
+SENTENCE_LENGTHS = [k for k in range(1, 9) for _ in range(64)]
+
+
 def text_for(ctx: Context, fld: Field) -> Column:
-    for hint, pool in TEXT_HINTS:
-        if hint in fld.name:
-            values = pick(ctx.rng, pool, ctx.n)
-            break
-    else:
-        sentences = [" ".join(pick(ctx.rng, WORDS, k)) for k in range(1, 9) for _ in range(64)]
+    hinted = next((pool for hint, pool in TEXT_HINTS if hint in fld.name), None)
+    if hinted is not None:
+        values = pick(ctx.rng, hinted, ctx.n)
+    elif ctx.n < len(SENTENCE_LENGTHS):  # a few records (drift): a sentence each
+        lengths = ctx.rng.integers(1, 9, ctx.n).tolist()
+        values = [" ".join(pick(ctx.rng, WORDS, k)) for k in lengths]
+    else:  # a pool of sentences to draw from: many records cost a fixed number of draws
+        sentences = [" ".join(pick(ctx.rng, WORDS, k)) for k in SENTENCE_LENGTHS]
         values = pick(ctx.rng, sentences, ctx.n)
     if fld.max_length:  # free text sometimes fills its field exactly, in two-byte letters
         for i in np.flatnonzero(ctx.rng.random(ctx.n) < MAX_LENGTH_SHARE).tolist():

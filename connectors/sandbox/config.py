@@ -92,6 +92,9 @@ def customers(names: Sequence[str], seed: int) -> list[Customer]:
     return [Customer(name, seed=seed + number) for number, name in enumerate(names)]
 
 
+ONE_CUSTOMER = ("customer", "client_id", "client_secret", "api_key")  # Customer's order
+
+
 @dataclass
 class SandboxConfig:
     """Data, credentials and behaviour of one sandbox. Faults are all off by default."""
@@ -105,11 +108,13 @@ class SandboxConfig:
     # Share of every riding child set's parent reference that names no record, drawn
     # uniformly through its keys (generator.dangle); 0: only the spec's dangling claims.
     dangling: float = 0.0
-    # Credentials the sandbox accepts; secrets are fresh per instance unless given.
-    client_id: str = "sandbox-client"
-    client_secret: str = field(default_factory=lambda: _secret("secret"))
-    api_key: str = field(default_factory=lambda: _secret("key"))
-    customer: str = "demo-clinic"
+    # The one customer's name and credentials (secrets fresh per instance unless given), when
+    # `customers` is empty. With `customers`, each Customer carries its own and these stay
+    # None: a value given for both would be served to nobody, so it is refused.
+    client_id: str | None = None
+    client_secret: str | None = None
+    api_key: str | None = None
+    customer: str | None = None
     token_lifetime: float = float(TOKEN_LIFETIME_SECONDS)
     # Server-side rate limit per API key (requests/s and burst); None = unlimited.
     rate: float | None = None
@@ -146,8 +151,9 @@ class SandboxConfig:
     # refused with the spec's 400 InvalidFilter when set, so a client's probe and its
     # fallback to one request per key run; `in` is refused always (not parsed).
     refuse_filter_or: bool = False
-    # Several customers on one server, each with its own credentials, data and limit; empty:
-    # the one customer above (`customer`, `client_id`, `client_secret`, `api_key`).
+    # Several customers on one server, each with its own credentials, data and limit (its
+    # seed, scale, rate and burst default to the sandbox's above); empty: the one customer
+    # above (`customer`, `client_id`, `client_secret`, `api_key`).
     customers: list[Customer] = field(default_factory=list)
 
     RUNTIME: ClassVar[tuple[str, ...]] = (
@@ -176,13 +182,28 @@ class SandboxConfig:
         if not 0 <= self.dangling < 1:
             raise ValueError(f"dangling must be a share from 0 to below 1, got {self.dangling!r}")
         self.update(drift_script=self.drift_script)
+        if not self.customers:
+            self.customer = self.customer or "demo-clinic"
+            self.client_id = self.client_id or "sandbox-client"
+            self.client_secret = self.client_secret or _secret("secret")
+            self.api_key = self.api_key or _secret("key")
+        self.served()
 
     def served(self) -> list[Customer]:
-        """The customers this sandbox serves, the first one the default; ValueError when two
-        share a name, client id or API key (a request would not say whose data it reads)."""
-        served = self.customers or [
-            Customer(self.customer, self.client_id, self.client_secret, self.api_key)
-        ]
+        """The customers this sandbox serves, the first one the default. ValueError when the
+        one customer's settings are given beside `customers` (each customer has its own), or
+        two customers share a name, client id or API key (a request would not say whose data
+        it reads)."""
+        if self.customers:
+            given = [name for name in ONE_CUSTOMER if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: the one customer's, unused with `customers`; give "
+                    "each Customer its own"
+                )
+            served = self.customers
+        else:
+            served = [Customer(*(str(getattr(self, name)) for name in ONE_CUSTOMER))]
         for name in ("name", "client_id", "api_key"):
             values = [getattr(c, name) for c in served]
             if len(set(values)) < len(values):

@@ -24,7 +24,7 @@ import numpy as np
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
-from connectors.sandbox import columns, wide
+from connectors.sandbox import columns, wide, wide_moments
 from connectors.sandbox.columns import (
     ALWAYS_SET,
     EPOCH,
@@ -120,7 +120,7 @@ PROFILES: dict[str, Profile] = {
         wide.make_ids,
         wide.fill,
         wide.OVERRIDES,
-        wide.instants_as,
+        wide_moments.instants_as,
         wide.document_id,
         wide.upload_stamp,
         wide.document_fields,

@@ -1,7 +1,7 @@
-"""The sandbox's data: one sorted table per entity set, patient documents, and a clock.
+"""The sandbox's data: one sorted table per entity set (table.py), patient documents, and a
+clock.
 
-Tables keep their rows sorted by key, so key order and keyset paging cost a bisection. The
-clock only moves when told (`advance`), which inserts, updates and hard-deletes records the
+The clock only moves when told (`advance`), which inserts, updates and hard-deletes records the
 way a day at a clinic would; `drift` is a small change between two page requests. The ground
 truth is what a perfect sync would hold.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
-from bisect import bisect_left
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,18 +22,13 @@ from connectors.clinical_records.catalogue import EntitySet, Navigation
 from connectors.sandbox import columns, generator
 from connectors.sandbox.config import PLACES
 from connectors.sandbox.document_store import SAMPLE_BYTES, DocumentStore
+from connectors.sandbox.table import Table, free_key
 
 DOCUMENTS_PER_PATIENT = 0.05  # seeded documents: about one patient in twenty has one
 UPDATABLE_SKIP = frozenset({"id", "created_at", "created_by_id"})
-
-
-def _sort_key(value: Any) -> tuple[int, Any]:
-    """Orders any key: numbers, then strings, then anything odd a hostile row may carry."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (0, value)
-    if isinstance(value, str):
-        return (1, value)
-    return (2, repr(value))
+CHANGES_KEPT = 100_000  # drift's log keeps the newest: a sandbox that drifts for days stays small
+FEW = 8  # records made from templates (a drift's); more are generated as a batch
+TEMPLATES = 64  # templates made per batch
 
 
 @dataclass(frozen=True)
@@ -57,77 +51,6 @@ class Change:
             "at": self.at.isoformat(),
             "cursor_moved": self.cursor_moved,
         }
-
-
-def _free_key(table: Table, place: str, rng: random.Random) -> Any:
-    """A key not in `table` that sorts before its first key, between two of its keys or
-    after its last, in the set's own kind: numbers (within Int32), digit strings or opaque
-    strings (a prefix of the first key sorts before every key)."""
-    keys = table.keys
-    numeric = table.entity.key_field.type is cat.Edm.INT32
-    if not keys:
-        return 1 if numeric else "1"
-    for _ in range(50):
-        if place == "before":
-            first = keys[0]
-            # Below the smallest number (zero and negatives are Int32 too); for text, a
-            # proper prefix of the first key sorts before it.
-            candidate = first - 1 if numeric else str(first)[:-1]
-        elif place == "between":
-            i = rng.randrange(len(keys) - 1) if len(keys) > 1 else 0
-            low = keys[i]
-            if numeric:
-                high = keys[i + 1] if i + 1 < len(keys) else low + 2
-                candidate = low + 1 if high - low > 1 else None
-            else:
-                candidate = f"{low}0"  # sorts right after `low`
-        else:
-            last = keys[-1]
-            candidate = last + 1 if numeric else f"{last}9"
-        fits = candidate not in (None, "") and _sort_key(candidate)[0] == _sort_key(keys[0])[0]
-        if numeric and fits:
-            fits = columns.INT32_MIN <= candidate <= columns.INT32_MAX
-        if fits and candidate not in table.by_key:
-            return candidate
-        place = rng.choice(PLACES)
-    return None
-
-
-class Table:
-    """The current records of one entity set, sorted by key."""
-
-    def __init__(self, entity: EntitySet, rows: list[dict]) -> None:
-        self.entity = entity
-        self.rows: list[dict] = sorted(rows, key=lambda r: _sort_key(r.get(entity.key)))
-        self.keys: list = [r.get(entity.key) for r in self.rows]  # parallel to rows, for bisection
-        self._order: list[tuple[int, Any]] = [_sort_key(k) for k in self.keys]
-        self.by_key: dict[Any, dict] = dict(zip(self.keys, self.rows, strict=True))
-
-    def get(self, key: Any) -> dict | None:
-        return self.by_key.get(key)
-
-    def upsert(self, record: dict) -> None:
-        key = record.get(self.entity.key)
-        order = _sort_key(key)
-        position = bisect_left(self._order, order)
-        if key in self.by_key:
-            self.rows[position] = record
-        else:
-            self._order.insert(position, order)
-            self.keys.insert(position, key)
-            self.rows.insert(position, record)
-        self.by_key[key] = record
-
-    def delete(self, key: Any) -> bool:
-        if key not in self.by_key:
-            return False
-        position = bisect_left(self._order, _sort_key(key))
-        del self._order[position], self.keys[position], self.rows[position]
-        del self.by_key[key]
-        return True
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
 
 class Store:
@@ -170,7 +93,8 @@ class Store:
             e.name: generator.first_id(e) + generator.size_of(e, scale) for e in cat.ENTITY_SETS
         }
         self._indexes: dict[tuple[str, str], dict[str, list[dict]]] = {}
-        self.changes: list[Change] = []  # what drift changed, oldest first
+        self._templates: dict[str, list[dict]] = {}  # per set, records to make new ones of
+        self.changes: deque[Change] = deque(maxlen=CHANGES_KEPT)  # drift's, oldest first
         self._seed_documents()
 
     # -- reading ---------------------------------------------------------------------------
@@ -285,7 +209,7 @@ class Store:
                 for name, kind, other in self._keep_references(entity, [key]):
                     self.changes.append(Change(name, kind, other, self.now))
         for _ in range(inserts):
-            key = _free_key(table, place or rng.choice(PLACES), rng)
+            key = free_key(table, place or rng.choice(PLACES), rng)
             if key is None:
                 continue
             self._insert(table, 1, before, key=key)
@@ -328,18 +252,7 @@ class Store:
         if n == 0:
             return 0
         name = table.entity.name
-        made = {k: t.rows for k, t in self.tables.items()}
-        records = generator.make_records(
-            table.entity,
-            n,
-            rng=self._rng,
-            made=made,
-            first_id=self._next_id[name],
-            now=self.now.timestamp(),
-            created_after=after.timestamp(),
-            resolved=self.resolved_references,
-            rules=self.profile,
-        )
+        records = self._fresh(table.entity, n, after, first_id=self._next_id[name])
         self._next_id[name] += n
         if key is not None:
             records[0][table.entity.key] = key
@@ -348,6 +261,51 @@ class Store:
         for record in fresh:
             table.upsert(record)
         return len(fresh)
+
+    def _fresh(self, entity: EntitySet, n: int, after: datetime, first_id: int = 0) -> list[dict]:
+        """`n` records as new ones would be, created in (after, now]. A few (a drift's) come
+        from templates made a batch at a time and stamped now: the generator's cost is per
+        call, whatever its size (about 15 ms a call), and drift makes one at every request."""
+        if n > FEW:
+            return self._make(entity, n, after, first_id)
+        pool = self._templates.setdefault(entity.name, [])
+        if len(pool) < n:
+            pool.extend(self._make(entity, TEMPLATES, after, 0))
+        records, pool[:n] = pool[:n], []
+        ids = self.profile.ids(entity, first_id, n, self._rng)
+        moments = self._rng.uniform(after.timestamp(), self.now.timestamp(), n).astype(np.int64) + 1
+        for record, key, moment in zip(records, ids, moments.tolist(), strict=True):
+            record[entity.key] = key
+            for name in ("created_at", "updated_at"):
+                if name in entity.by_name:
+                    stamp = entity.field(name)
+                    record[name] = self.profile.instants(stamp, self._rng, np.array([moment]))[0]
+            if self.resolved_references:
+                self._resolve(entity, record)
+        return records
+
+    def _make(self, entity: EntitySet, n: int, after: datetime, first_id: int) -> list[dict]:
+        return generator.make_records(
+            entity,
+            n,
+            rng=self._rng,
+            made={k: t.rows for k, t in self.tables.items()},
+            first_id=first_id,
+            now=self.now.timestamp(),
+            created_after=after.timestamp(),
+            resolved=self.resolved_references,
+            rules=self.profile,
+        )
+
+    def _resolve(self, entity: EntitySet, record: dict) -> None:
+        """A template's references made to name records that exist now (made earlier, it
+        may name one deleted since)."""
+        for child_name, field_name, parent_name in columns.RESOLVED:
+            if child_name != entity.name:
+                continue
+            survivors = columns.joinable(self.tables[parent_name].keys, entity.field(field_name))
+            if survivors:
+                record[field_name] = survivors[int(self._rng.integers(len(survivors)))]
 
     def _update(
         self, table: Table, n: int, after: datetime, rng: random.Random | None = None
@@ -358,17 +316,7 @@ class Store:
         if n == 0 or not len(table):
             return []
         entity = table.entity
-        template = generator.make_records(
-            entity,
-            n,
-            rng=self._rng,
-            made={k: t.rows for k, t in self.tables.items()},
-            first_id=0,
-            now=self.now.timestamp(),
-            created_after=after.timestamp(),
-            resolved=self.resolved_references,
-            rules=self.profile,
-        )
+        template = self._fresh(entity, n, after)
         changeable = [f.name for f in entity.fields if f.name not in UPDATABLE_SKIP]
         size = min(n, len(table))
         picks = (

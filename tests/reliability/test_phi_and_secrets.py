@@ -27,6 +27,7 @@ from tests.reliability.conftest import (
     compare,
     sandbox_config,
 )
+from tests.test_pipelines_resources import sqlite_values
 
 pytestmark = pytest.mark.reliability
 
@@ -41,6 +42,8 @@ def readable_forms(path: Path) -> Iterator[bytes]:
         table = pq.read_table(path)
         yield repr(table.schema.metadata).encode()
         yield json.dumps(table.to_pylist(), default=str).encode()
+    if path.suffix == ".db":  # Dagster's SQLite storage: run snapshots are compressed
+        yield from sqlite_values(path)
     if path.suffix == ".duckdb":
         with duckdb.connect(str(path), read_only=True) as con:
             for schema, table in con.execute(

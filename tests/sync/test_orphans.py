@@ -28,6 +28,7 @@ from connectors.clinical_records.transport import Call
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from sync import orphans
+from sync.extract import LakeBatches
 from sync.packed import extract_family
 from sync.progress import Progress
 from sync.riders import SetInput
@@ -167,7 +168,7 @@ def run(server, tmp_path, parents, memory):
                 CHILD.name: SetInput(Plan(CHILD, Mode.SNAPSHOT, "test"), parents=parents),
             },
             client,
-            Lake(tmp_path / "lake"),
+            LakeBatches(Lake(tmp_path / "lake")),
             run_id=f"run-{before['requests']}",
             progress=Progress(),
             memory=memory,

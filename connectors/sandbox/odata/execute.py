@@ -14,7 +14,8 @@ from itertools import islice
 from typing import Any, Protocol
 
 from connectors.clinical_records.catalogue import PAGE_SIZE, Edm, EntitySet, Navigation
-from connectors.sandbox.odata.filter import COERCE, INVALID, Compare, Expr
+from connectors.sandbox.odata.edm_values import COERCE, INVALID
+from connectors.sandbox.odata.filter import Compare, Expr
 from connectors.sandbox.odata.options import Expand, Query
 
 

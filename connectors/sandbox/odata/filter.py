@@ -1,352 +1,36 @@
 """`$filter`: lex, parse, type-check against the catalogue, compile once into closures.
 
-The pipeline is text -> tokens -> syntax tree (untyped, with positions) -> bound tree
-(properties resolved to catalogue fields, literals converted to the field's type) ->
-one predicate closure. Records are JSON-shaped and may be hostile: a value that cannot be
-read as its field's type never matches and never raises.
+The pipeline is text -> tokens -> syntax tree (untyped, with positions; filter_syntax.py)
+-> bound tree (properties resolved to catalogue fields, literals converted to the field's
+type; here) -> one predicate closure (here). Records are JSON-shaped and may be hostile: a
+value that cannot be read as its field's type (edm_values.py) never matches and never raises.
 """
 
 from __future__ import annotations
 
 import operator
-import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import date, datetime
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any
 
 from connectors.clinical_records.catalogue import Edm, EntitySet, Field
 from connectors.sandbox.errors import ODataError, invalid_filter
+from connectors.sandbox.odata.edm_values import COERCE, INVALID
+from connectors.sandbox.odata.filter_syntax import (
+    FLIPPED,
+    LITERAL_NAMES,
+    Binary,
+    Call,
+    Chain,
+    Literal,
+    Node,
+    Parser,
+    Prop,
+    Unary,
+)
 
 Predicate = Callable[[dict], bool]
-
-# -- values: literals and record values read as their Edm type ---------------------------------
-
-INVALID: Any = type("Invalid", (), {"__repr__": lambda self: "INVALID"})()
-"""A record value that cannot be read as its field's type: it matches nothing."""
-
-_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})")
-_INSTANT = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2})"
-    r"(?::([0-9]{2})(?:\.([0-9]+))?)?(?:[Zz]|([+-])([0-9]{2}):?([0-9]{2}))"
-)
-_DECIMAL = re.compile(r"[+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+")
-_EPOCH = datetime(1970, 1, 1)
-_CACHE = 1 << 18
-
-Instant = tuple[int, str]
-"""(UTC epoch seconds, fraction digits without trailing zeros): exact, and orders as time."""
-
-
-@lru_cache(maxsize=_CACHE)
-def parse_instant(text: str) -> Instant | Any:
-    """An ISO 8601 date-time with offset as an exact comparable instant, or INVALID."""
-    match = _INSTANT.fullmatch(text)
-    if match is None:
-        return INVALID
-    year, month, day, hour, minute, second, fraction, sign, off_h, off_m = match.groups()
-    try:
-        local = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0))
-    except ValueError:
-        return INVALID
-    offset = 0
-    if sign:
-        if int(off_h) > 23 or int(off_m) > 59:
-            return INVALID
-        offset = (int(off_h) * 3600 + int(off_m) * 60) * (1 if sign == "+" else -1)
-    delta = local - _EPOCH
-    return (delta.days * 86400 + delta.seconds - offset, (fraction or "").rstrip("0"))
-
-
-@lru_cache(maxsize=_CACHE)
-def parse_date(text: str) -> date | Any:
-    match = _DATE.fullmatch(text)
-    if match is None:
-        return INVALID
-    try:
-        return date(*map(int, match.groups()))
-    except ValueError:
-        return INVALID
-
-
-@lru_cache(maxsize=_CACHE)
-def parse_decimal(text: str) -> Decimal | Any:
-    return Decimal(text) if _DECIMAL.fullmatch(text) else INVALID
-
-
-def _typed(kind: type) -> Callable[[object], object]:
-    """Exact type test: bool is an int in Python, but not in Edm.Int32."""
-    return lambda value: value if type(value) is kind else INVALID
-
-
-def _via_text(parse: Callable[[str], object]) -> Callable[[object], object]:
-    return lambda value: parse(value) if type(value) is str else INVALID
-
-
-def _as_decimal(value: object) -> object:
-    kind = type(value)
-    if kind is str:
-        return parse_decimal(value)
-    if kind is int:
-        return Decimal(value)
-    if kind is float and value == value and abs(value) != float("inf"):  # type: ignore[operator]
-        return Decimal(repr(value))
-    return INVALID
-
-
-COERCE: dict[Edm, Callable[[object], object]] = {
-    Edm.STRING: _typed(str),
-    Edm.INT32: _typed(int),
-    Edm.BOOLEAN: _typed(bool),
-    Edm.DECIMAL: _as_decimal,
-    Edm.DATE: _via_text(parse_date),
-    Edm.DATETIME: _via_text(parse_instant),
-}
-"""Read a (non-null) record value as its field's Edm type, or INVALID."""
-
-
-# -- lexer -------------------------------------------------------------------------------------
-
-_LITERAL_END = r"(?![\w.:+\-])"
-_TOKEN = re.compile(
-    rf"""
-    (?P<ws>\s+)
-    |(?P<string>'(?:[^']|'')*')
-    |(?P<datetime>[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[Tt][0-9]{{2}}:[0-9]{{2}}
-        (?::[0-9]{{2}}(?:\.[0-9]+)?)?(?:[Zz]|[+-][0-9]{{2}}:[0-9]{{2}}){_LITERAL_END})
-    |(?P<date>[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}{_LITERAL_END})
-    |(?P<decimal>[+-]?[0-9]+\.[0-9]+{_LITERAL_END})
-    |(?P<int>[+-]?[0-9]+{_LITERAL_END})
-    |(?P<name>[A-Za-z_]\w*)
-    |(?P<punct>[(),])
-    |(?P<bad>'|[\w.:+\-]+|.)
-    """,
-    re.VERBOSE,
-)
-
-
-@dataclass(frozen=True)
-class Token:
-    kind: str  # string, datetime, date, decimal, int, name, punct, end
-    text: str
-    pos: int
-
-
-def syntax_error(detail: str) -> ODataError:
-    return invalid_filter("Syntax error in $filter.", detail)
-
-
-def tokenize(text: str) -> Iterator[Token]:
-    """Tokens with their 0-based character positions, then one `end` token."""
-    for match in _TOKEN.finditer(text):
-        kind = match.lastgroup
-        assert kind is not None
-        if kind == "ws":
-            continue
-        if kind == "bad":
-            if match.group() == "'":
-                raise syntax_error(f"Unterminated string literal at position {match.start()}.")
-            raise syntax_error(_bad_token(match.group(), match.start()))
-        yield Token(kind, match.group(), match.start())
-    yield Token("end", "", len(text))
-
-
-def _bad_token(text: str, pos: int) -> str:
-    if _NAIVE_DATETIME.match(text):
-        return (
-            f"Invalid date-time literal '{text}' at position {pos}: write ISO 8601 with an "
-            "offset or Z, for example 2024-01-31T09:30:00Z."
-        )
-    return f"Invalid token '{text}' at position {pos}."
-
-
-_NAIVE_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt]")
-
-# -- syntax tree -------------------------------------------------------------------------------
-
-COMPARISONS = ("eq", "ne", "gt", "ge", "lt", "le")
-FLIPPED = {"eq": "eq", "ne": "ne", "gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
-KEYWORD_LITERALS: dict[str, object] = {"true": True, "false": False, "null": None}
-
-
-@dataclass(frozen=True)
-class Literal:
-    kind: str  # a token kind, or "boolean" / "null"
-    value: object
-    text: str
-    pos: int
-
-
-@dataclass(frozen=True)
-class Prop:
-    name: str
-    pos: int
-
-
-@dataclass(frozen=True)
-class Call:
-    name: str
-    args: tuple[Node, ...]
-    pos: int
-
-
-@dataclass(frozen=True)
-class Unary:
-    op: str  # "not"
-    operand: Node
-    pos: int
-
-
-@dataclass(frozen=True)
-class Binary:
-    op: str  # a comparison
-    left: Node
-    right: Node
-    pos: int
-
-
-@dataclass(frozen=True)
-class Chain:
-    """`a or b or c`: one flat node, so a long chain costs no recursion anywhere."""
-
-    op: str  # "and" / "or"
-    operands: tuple[Node, ...]
-
-
-Node = Literal | Prop | Call | Unary | Binary | Chain
-# Parentheses, `not` and calls nest at most this deep: deeper would exhaust Python's stack
-# (a 500) long before it meant anything; the spec sets no limit, so the error explains.
-MAX_NESTING = 100
-
-
-def _int_literal(text: str) -> int | Any:
-    try:
-        return int(text)
-    except ValueError:  # more digits than Python converts (4,300)
-        return INVALID
-
-
-LITERAL_VALUES: dict[str, Callable[[str], object]] = {
-    "string": lambda text: text[1:-1].replace("''", "'"),
-    "int": _int_literal,
-    "decimal": Decimal,
-    "date": parse_date,
-    "datetime": parse_instant,
-}
-
-
-class Parser:
-    """Recursive descent; precedence, loosest first: or, and, comparison, not."""
-
-    def __init__(self, text: str) -> None:
-        self.tokens = list(tokenize(text))
-        self.index = 0
-        self.depth = 0
-
-    @property
-    def peek(self) -> Token:
-        return self.tokens[self.index]
-
-    def take(self) -> Token:
-        token = self.tokens[self.index]
-        self.index += 1
-        return token
-
-    def at(self, kind: str, *texts: str) -> bool:
-        return self.peek.kind == kind and (not texts or self.peek.text in texts)
-
-    def expect(self, kind: str, text: str) -> Token:
-        if not self.at(kind, text):
-            raise unexpected(self.peek, f"expected '{text}'")
-        return self.take()
-
-    def parse(self) -> Node:
-        node = self.disjunction()
-        if not self.at("end"):
-            raise unexpected(self.peek, "expected 'and', 'or' or the end")
-        return node
-
-    def disjunction(self) -> Node:
-        return self._chain(("or",), self.conjunction)
-
-    def conjunction(self) -> Node:
-        return self._chain(("and",), self.comparison)
-
-    def _chain(self, ops: tuple[str, ...], operand: Callable[[], Node]) -> Node:
-        operands, op = [operand()], ""
-        while self.at("name", *ops):
-            op = self.take().text
-            operands.append(operand())
-        return operands[0] if len(operands) == 1 else Chain(op, tuple(operands))
-
-    @contextmanager
-    def _nested(self, token: Token) -> Iterator[None]:
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise syntax_error(
-                f"Parentheses, 'not' and calls nest deeper than {MAX_NESTING} levels "
-                f"at position {token.pos}."
-            )
-        yield
-        self.depth -= 1
-
-    def comparison(self) -> Node:
-        left = self.unary()
-        if not self.at("name", *COMPARISONS):
-            return left
-        token = self.take()
-        return Binary(token.text, left, self.unary(), token.pos)
-
-    def unary(self) -> Node:
-        if self.at("name", "not"):
-            token = self.take()
-            with self._nested(token):
-                return Unary("not", self.unary(), token.pos)
-        return self.primary()
-
-    def primary(self) -> Node:
-        token = self.take()
-        if token.kind == "punct" and token.text == "(":
-            with self._nested(token):
-                node = self.disjunction()
-                self.expect("punct", ")")
-                return node
-        if token.kind in LITERAL_VALUES:
-            value = LITERAL_VALUES[token.kind](token.text)
-            if value is INVALID:
-                word = LITERAL_NAMES[token.kind].split(" ", 1)[1]
-                raise syntax_error(f"Invalid {word} '{token.text}' at position {token.pos}.")
-            return Literal(token.kind, value, token.text, token.pos)
-        if token.kind == "name" and token.text in KEYWORD_LITERALS:
-            value = KEYWORD_LITERALS[token.text]
-            return Literal("null" if value is None else "boolean", value, token.text, token.pos)
-        if token.kind == "name" and token.text not in RESERVED:
-            if self.at("punct", "("):
-                return self.call(token)
-            return Prop(token.text, token.pos)
-        raise unexpected(token, "expected a property, a literal, 'not' or '('")
-
-    def call(self, name: Token) -> Call:
-        with self._nested(self.take()):
-            args = [self.disjunction()]
-            while self.at("punct", ","):
-                self.take()
-                args.append(self.disjunction())
-            self.expect("punct", ")")
-            return Call(name.text, tuple(args), name.pos)
-
-
-RESERVED = frozenset({*COMPARISONS, "and", "or", "not"})
-
-
-def unexpected(token: Token, hint: str) -> ODataError:
-    if token.kind == "end":
-        return syntax_error(f"Unexpected end of expression at position {token.pos}; {hint}.")
-    return syntax_error(f"Unexpected token '{token.text}' at position {token.pos}; {hint}.")
-
 
 # -- bound tree: fields resolved, literals typed ----------------------------------------------
 
@@ -396,15 +80,6 @@ ACCEPTS: dict[Edm, dict[str, Callable[[Any], object]]] = {
     Edm.BOOLEAN: {"boolean": bool},
     Edm.DATE: {"date": lambda value: value},
     Edm.DATETIME: {"datetime": lambda value: value},
-}
-LITERAL_NAMES = {
-    "string": "a string",
-    "int": "an integer",
-    "decimal": "a decimal",
-    "boolean": "a boolean",
-    "date": "a date",
-    "datetime": "a date-time",
-    "null": "null",
 }
 TEXT_FUNCTIONS: dict[str, Callable[[str, str], bool]] = {
     "startswith": str.startswith,

@@ -1,0 +1,83 @@
+"""Seeds by the thousand: each one a world played whole and judged; a silent one named with
+the command that replays it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from tests.simulation.oracle import Verdict, judge
+from tests.simulation.world import Scenario, World
+
+REPLAY = "PYTHONHASHSEED=0 .venv/bin/python -m tests.simulation --seed {seed}"
+
+
+@dataclass
+class Outcome:
+    seed: int
+    silent: list[str]  # a set wrong by more than its run said, each as a line
+    crashed: str = ""  # the engine raised where it should have reported
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.silent or self.crashed)
+
+    def __str__(self) -> str:
+        lines = [f"seed {self.seed}: " + (self.crashed or "silent"), *self.silent]
+        return "\n  ".join([*lines, "replay: " + REPLAY.format(seed=self.seed)])
+
+
+def play(
+    seed: int, backend: str = "model", *, settle_at_end: bool = True
+) -> tuple[Outcome, list[Verdict]]:
+    """One seed's world, played and judged after every run that was not killed;
+    `settle_at_end`: False leaves out the run's end (sync/settle.py), as the engine was."""
+    logging.disable(logging.WARNING)
+    scenario = Scenario.of(seed)
+    world = World(scenario, backend, settle_at_end=settle_at_end)
+    verdicts: list[Verdict] = []
+    try:
+        for run in world.play():
+            if not run.killed:
+                verdicts += judge(run, world.service.journal, world.backend)
+    except Exception:
+        return Outcome(seed, [], traceback.format_exc(limit=-6)), verdicts
+    finally:
+        world.close()
+    return Outcome(seed, [str(v) for v in verdicts if v.silent]), verdicts
+
+
+def _outcome(seed: int) -> Outcome:
+    return play(seed)[0]
+
+
+def explore(seeds: Iterable[int], workers: int = 1) -> list[Outcome]:
+    """Every seed played; the failed ones, printed as they come."""
+    failures = []
+    if workers <= 1:
+        outcomes = map(_outcome, seeds)
+    else:
+        pool = ProcessPoolExecutor(workers)
+        outcomes = pool.map(_outcome, seeds, chunksize=4)
+    for done, outcome in enumerate(outcomes, 1):
+        if outcome.failed:
+            print(outcome, flush=True)
+            failures.append(outcome)
+        if done % 100 == 0:
+            print(f"{done} seeds played, {len(failures)} failed", file=sys.stderr, flush=True)
+    return failures
+
+
+def replay(seed: int) -> bool:
+    """One seed, with its scenario and every set's verdict; True when nothing was silent."""
+    print(Scenario.of(seed))
+    outcome, verdicts = play(seed)
+    for verdict in verdicts:
+        print(("SILENT " if verdict.silent else "ok     ") + str(verdict))
+    if outcome.crashed:
+        print(outcome.crashed)
+    return not outcome.failed
