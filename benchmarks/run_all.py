@@ -41,6 +41,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "reconcile_cost": ["--scale", "1", "--drift-every", "20", "--drift-seeds", "1", "2"],
     "worker_sizing": ["--scale", "0.2"],
     "tenants_parallel": ["--tenants", "3", "--scale", "0.2"],
+    "biggest_customer": ["--scales", "1", "--repeat", "1"],
+    "year_of_nights": ["--scale", "0.5", "--days", "10"],
 }
 
 

@@ -47,7 +47,8 @@ ADVICE: dict[type[Exception], str] = {
     WarehouseLocked: "wait for the other sync to finish, then run again",
     ConfigError: "correct the setting named above, then run again",
     duckdb.OutOfMemoryException: (
-        "raise WAREHOUSE_MEMORY_LIMIT (say 512MB), then run again: what committed stays"
+        "raise WAREHOUSE_MEMORY_LIMIT (docs/SIZING.md: what each scale needs), then run "
+        "again: what committed stays"
     ),
 }
 # The same for a tenant's run, whose settings are its keys in the tenants file (the variables

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
     from pipelines.webhook import Delivery
     from warehouse.load import EntityStatus
     from warehouse.models import Health
+
+
+def tell(line: str) -> None:
+    """A line for the operator while a command works: that it waits, what it found."""
+    print(f"clinical-sync: {line}", file=sys.stderr, flush=True)
 
 
 def status_text(states: Sequence[EntityStatus]) -> str:

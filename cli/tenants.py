@@ -30,6 +30,7 @@ from connectors.clinical_records.catalogue import FAMILIES
 from connectors.clinical_records.errors import ClinicalApiError, ConfigError
 from pipelines import home, tenants
 from pipelines.tenants import TENANTS_VARIABLE, Secret, Tenant, Tenants, TenantsFileError
+from warehouse.memory import RUNS_VARIABLE
 from warehouse.private import create_private, private_dir
 
 if TYPE_CHECKING:
@@ -216,8 +217,9 @@ def sync_all(args: argparse.Namespace, command: Callable[[Sequence[str]], int]) 
     # pandas, which pyarrow imports in each run to build its first table from Python values.
     import pandas  # noqa: F401
 
+    from pipelines.dbt_assets import models_project
     from pipelines.partitions import keep_in_step
-    from pipelines.runner import models_project, sync_definitions
+    from pipelines.runner import sync_definitions
     from warehouse.models import warm_up
 
     found = configured()
@@ -230,6 +232,8 @@ def sync_all(args: argparse.Namespace, command: Callable[[Sequence[str]], int]) 
     with home.instance() as instance, home.inherited(instance):
         keep_in_step(instance, found.names)  # every tenant's partition, before its run
         limit = args.parallel or _global_maximum(instance)
+        # The tenants' warehouses share this machine's memory (warehouse/memory.py).
+        os.environ.setdefault(RUNS_VARIABLE, str(max(1, min(limit, len(found)))))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         folder = private_dir(home.dagster_home() / "logs" / f"sync-all-tenants-{stamp}")
         flags = _passed_on(args)
@@ -338,9 +342,11 @@ def _runs_table(runs: Sequence[TenantRun]) -> str:
 def status_tenants(names: Sequence[str], as_json: bool = False) -> int:
     """Each named tenant's warehouse, as `status` shows one customer's; `--json`: a list of
     the one-customer objects, each naming its tenant."""
+    from cli.commands import end_orphans_of
     from warehouse.load import status as warehouse_status
 
     found = configured()
+    end_orphans_of(None, found.path)
     worst = EXACT
     shown: list[dict[str, object]] = []
     for name in names or found.names:

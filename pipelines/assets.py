@@ -15,8 +15,6 @@ from typing import Any
 
 from dagster import (
     AssetChecksDefinition,
-    AssetCheckSeverity,
-    AssetExecutionContext,
     AssetIn,
     AssetOut,
     AssetsDefinition,
@@ -75,7 +73,7 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode
-from warehouse import ops
+from warehouse import ledger
 from warehouse.dbt_project import Project
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
@@ -158,12 +156,6 @@ def _log_reconciliation(log: Any, extraction: Extraction) -> None:
         log.warning(f"{line}; {r.unconfirmed} records counted before the read were not found")
     else:
         log.info(line + (f"; {r.blind}" if r.blind else ""))
-
-
-def _selected_entities(context: AssetExecutionContext) -> list[str]:
-    selection = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
-    tables = {key.path[-1] for key in selection if key.path[0] in (LAKE_GROUP, CLINICAL_GROUP)}
-    return [e.name for e in ALL_ENTITIES if e.table in tables]
 
 
 def build_extract_asset(
@@ -307,7 +299,7 @@ def build_load_asset(
                 stale=extraction.reconciliation.stale,
             )
             results = checks.table_check_results(
-                count, ops.run_unfit(wh.con, entity.name, extraction.run_id)
+                count, ledger.run_unfit(wh.con, entity.name, extraction.run_id)
             )
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)
@@ -319,21 +311,15 @@ def build_load_asset(
                 extraction.mode.value,
                 count.live,
                 extraction.reconciliation.unreconciled,
-                failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
-                warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
                 staleness_hours=None if hours is None else staleness,
             )
-            with wh.transaction():  # the run's figures and how the set ended, together
-                wh.add_to_run(
+            with wh.transaction():  # the set's figures and its checks, together
+                wh.record_set_result(
                     context.run.run_id,
-                    _selected_entities(context),
-                    result,
-                    full_snapshot=sync_options.full,
-                    reconciled=run_figures(extraction.reconciliation),
-                    staleness_hours=staleness,
-                    started_at=run_started_at(context.instance, context.run.run_id),
+                    ended,
+                    {**vars(result), **run_figures(extraction.reconciliation)},
                 )
-                wh.record_set_result(context.run.run_id, ended)
+                checks.record(wh.con, context.run.run_id, entity.name, results)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata=keyed_by_text(

@@ -84,6 +84,14 @@ def configured_project() -> Project:
     return prepare(project_dir(os.environ), database=catalog(Path(home.warehouse_path())))
 
 
+def models_project(env: Mapping[str, str], warehouse_path: str | Path) -> Project:
+    """The dbt project of CLINICAL_DBT_PROJECT in `env` (else transform/), parsed once per
+    content for the warehouse's catalog name, its manifest loaded in this process."""
+    project = prepare(project_dir(env), database=catalog(Path(warehouse_path)))
+    project.manifest()
+    return project
+
+
 def build_dbt_assets(project: Project, partitions_def: PartitionsDefinition | None = None):
     """The project's models as one multi-asset, built by one step in the `warehouse` pool."""
     manifest = manifest_json(project)

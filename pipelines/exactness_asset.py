@@ -33,7 +33,7 @@ from sync.extract import LakeBatches
 from sync.phase import Phase, enter
 from sync.settle import RunJournal, Settlement, settle
 from sync.state import LOCK_WAIT_SECONDS, CommittedState
-from warehouse import ops
+from warehouse import runs
 from warehouse.load import Warehouse
 
 
@@ -87,6 +87,7 @@ def build_exactness_asset(partitions_def: PartitionsDefinition | None = None) ->
                 run_id=run_id,
                 say=context.log,
             )
+            sent = client.stats.requests
         with Warehouse(working, wait=LOCK_WAIT_SECONDS) as wh:
             enter(Phase.LOAD, "the run's end")
             for name, again in found.again.items():
@@ -98,19 +99,22 @@ def build_exactness_asset(partitions_def: PartitionsDefinition | None = None) ->
                         watermark=extraction.watermark,
                     )
             with wh.transaction():
-                for name, later in found.unsettled.items():
-                    ops.mark_unsettled(wh.con, run_id, name, later, SETTLED)
+                for name in found.unsettled:
+                    runs.mark_unsettled(wh.con, run_id, name, SETTLED)
         the_lake.drop_journals()
-        yield MaterializeResult(metadata=_figures(run, found))
+        yield MaterializeResult(metadata=_figures(run, found, sent))
         yield _check(run, found)
 
     return exactness
 
 
-def _figures(run: RunJournal, found: Settlement) -> dict[str, int]:
+def _figures(run: RunJournal, found: Settlement, sent: int) -> dict[str, int]:
+    """`requests`: what the run's end sent itself (the steps' own are theirs, so that the
+    run's requests add up across its assets); `requests judged`: every request of the run."""
     looked = {f"looked again {name}": len(again) for name, again in found.again.items()}
     return {
-        "requests": len(run.looks),
+        "requests": sent,
+        "requests judged": len(run.looks),
         "sets settled": len(run.last_looks),
         **looked,
         **{f"touched after {name}": n for name, n in found.touched_after.items()},

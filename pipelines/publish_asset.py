@@ -14,6 +14,7 @@ from dagster import (
     asset,
 )
 
+from pipelines import run_record
 from pipelines.keys import (
     ANALYTICS_GROUP,
     OWNERS,
@@ -24,10 +25,13 @@ from pipelines.keys import (
     in_pool,
 )
 from pipelines.partitions import tenant_of
-from pipelines.resources import WarehouseAccess
+from pipelines.resources import LakeAccess, SyncOptionsResource, WarehouseAccess
 from sync.phase import Phase, enter
 from sync.state import LOCK_WAIT_SECONDS
+from warehouse import models
+from warehouse.load import Warehouse
 from warehouse.publish import publish
+from warehouse.writer import writing
 
 
 def build_publish_asset(
@@ -39,7 +43,8 @@ def build_publish_asset(
     nothing. Not downstream of the models (a model that fails must not hold the night's
     tables back): the models step runs first by priority (pipelines/dbt_assets.py), and a
     model older than the tables it reads is published saying so. Alone in the `warehouse`
-    pool, like every step that writes DuckDB."""
+    pool, like every step that writes DuckDB. The run's last write: it records the run's
+    ending in the copy it publishes, `success`, or `failed` naming the models that failed."""
     keys = [k for u in upstream for k in _keys(u) if k.path[0] != ANALYTICS_GROUP]
 
     @asset(
@@ -55,12 +60,26 @@ def build_publish_asset(
             "committed it, published atomically; open connections keep the previous one"
         ),
     )
-    def published_warehouse(context, warehouse: WarehouseAccess) -> MaterializeResult:
+    def published_warehouse(
+        context,
+        warehouse: WarehouseAccess,
+        lake: LakeAccess,
+        sync_options: SyncOptionsResource,
+    ) -> MaterializeResult:
         enter(Phase.PUBLISH)
         tenant = tenant_of(context)
-        done = publish(
-            warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
-        )
+        work = warehouse.working(tenant)
+        place = run_record.Place(warehouse.published(tenant), lake.root_of(tenant))
+        with writing(work, wait=LOCK_WAIT_SECONDS):  # the run's row and its publication
+            with Warehouse(work, wait=LOCK_WAIT_SECONDS) as wh:
+                failed = models.failed_in(wh.con, context.run.run_id)
+            failure = (
+                "models failed: " + "; ".join(f"{m} ({w})" for m, w in failed.items())
+                if failed
+                else None
+            )
+            with run_record.finishing(context, place, sync_options.full, failure):
+                done = publish(work, warehouse.published(tenant), wait=LOCK_WAIT_SECONDS)
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         if done.stale_models:
             context.log.warning(f"models older than their tables: {', '.join(done.stale_models)}")

@@ -214,8 +214,10 @@ def test_key_types_builds_every_layout_and_they_answer_alike(tmp_path) -> None:
                     "SELECT data_type FROM duckdb_columns() WHERE table_name = 'claims' "
                     "AND column_name = 'prescription_id'"
                 ).fetchone()[0],
-                con.execute(
-                    "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics'"
+                con.execute(  # the models' tables (analytics.changes is the load's)
+                    "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'analytics' "
+                    "AND table_name IN (SELECT unnest(?))",
+                    [list(QUERIES)],
                 ).fetchone()[0],
             )
     assert held == {"before": ("BIGINT", 0), "after": ("VARCHAR", len(QUERIES))}
@@ -241,3 +243,60 @@ def test_every_benchmark_records_its_figures_only_when_asked() -> None:
         assert calls, f"{name} records nothing"
         unguarded += [f"{name}:{c.lineno}" for c in calls if id(c) not in guarded]
     assert unguarded == []
+
+
+def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
+    tmp_path: Path,
+) -> None:
+    """benchmarks/year_of_nights.py at a tiny size for a few nights: every night measured,
+    history growing night by night, dead space under a fifth of the file, the warehouse's
+    live records the source's, and the JSON's summary keys sane."""
+    import json
+
+    script = DLT_SOURCE.parent / "year_of_nights.py"
+    out = tmp_path / "year.json"
+    cmd = [sys.executable, str(script), "--scale", "0.05", "--days", "4", "--json", str(out)]
+    run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    year = json.loads(out.read_text())
+    assert year["equals_source"] is True
+    assert [n["night"] for n in year["nights"]] == [1, 2, 3, 4]
+    assert all(n["changes"] > 0 and n["warehouse_s"] > 0 for n in year["nights"])
+    history = [n["history_rows"] for n in year["nights"]]
+    assert history == sorted(history) and history[-1] > history[0] > 0
+    assert year["window"] == 2 and year["first_30_nights_s"] > 0 and year["last_30_nights_s"] > 0
+    assert year["file_mib_first"] > 0 and year["file_mib_last"] > 0
+    assert 0 <= year["dead_space_fraction_max"] < 0.2
+    assert "live records equal the source's: yes" in run.stdout
+
+
+def biggest_customer(*args: str) -> tuple[list[str], dict[str, str]]:
+    script = DLT_SOURCE.parent / "biggest_customer.py"
+    env = child_env({})
+    env.pop("WAREHOUSE_MEMORY_LIMIT", None)  # it measures the default
+    return [sys.executable, str(script), "--scales", "0.05", *args], env
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)  # two syncs and a sandbox: a minute alone, more on a shared machine
+def test_biggest_customer_runs_full_day_and_nightly_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/biggest_customer.py at a tiny size: a full sync, the day of changes and a
+    nightly, each measured, with the default memory cap and no failure."""
+    cmd, env = biggest_customer("--repeat", "1")
+    run = run_measured(cmd, env, tmp_path, timeout=840)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "memory limit by default on this machine: " in run.stdout
+    for stage in ("full", "day of changes (source)", "nightly"):
+        assert any(line.strip().startswith(stage) for line in run.stdout.splitlines()), stage
+    assert "1 runs, 0 failed" in run.stdout
+    row = run.stdout.strip().splitlines()[-1].split()
+    assert row[0] == "0.05" and row[-1] == "0" and int(row[2].replace(",", "")) > 0
+
+
+def test_biggest_customer_builds_the_models_alone_under_the_default_cap(tmp_path: Path) -> None:
+    """`--models-builds`: the step that ran out of memory at scale 300, on records made in
+    SQL, in a child process, then published."""
+    cmd, env = biggest_customer("--models-builds", "1")
+    run = run_measured(cmd, env, tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "1 builds, 0 failed" in run.stdout

@@ -182,6 +182,18 @@ def test_a_model_that_fails_costs_nothing_of_the_nights_clinical_tables(fresh_sa
         "SELECT stale, failure FROM analytics.model_health WHERE name = 'claims_per_branch'",
     )
     assert health == (True, "build failed: Binder Error")
+    # The run's row, written by its publication into the copy it published: failed, the model
+    # named, not exact (the exit status says the same).
+    (last,) = query(
+        tmp_path / "warehouse.duckdb",
+        'SELECT "status", "exact", "message" FROM "ops"."sync_runs" '
+        'ORDER BY "finished_at" DESC LIMIT 1',
+    )
+    assert last == (
+        "failed",
+        False,
+        "models failed: claims_per_branch (build failed: Binder Error)",
+    )
 
     status = subprocess.run(
         [CLI, "status"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120

@@ -1,13 +1,20 @@
-"""A load defers DuckDB's vacuum of merged-away rows until they are a fifth of the table."""
+"""A load defers DuckDB's vacuum of merged-away rows until they are a fifth of the table; a
+publication writes the file compactly once a fifth of it is free blocks."""
 
 from __future__ import annotations
+
+import stat
+from pathlib import Path
 
 import duckdb
 import pytest
 
 from connectors.clinical_records.catalogue import CLAIMS
 from tests.warehouse_records import Harness, record
-from warehouse import vacuum
+from warehouse import dbt_project, models, vacuum
+from warehouse import publish as publish_module
+from warehouse.load import Warehouse
+from warehouse.publish import publish, working_copy
 
 ROWS = 2_000
 
@@ -77,3 +84,79 @@ def test_a_duckdb_without_the_setting_keeps_its_own_vacuum(tmp_path, monkeypatch
 )
 def test_the_vacuum_is_due_at_a_fifth_of_the_stored_rows(stored, live, due):
     assert vacuum.is_due(stored, live) is due
+
+
+def churned(published) -> Path:
+    """A working copy a third of which is free blocks, and its analytics built."""
+    work = working_copy(published)
+    models.build(work)
+    with Warehouse(work) as wh:
+        wh.con.execute("CREATE TABLE ops.gone AS SELECT md5(range::TEXT) FROM range(500000)")
+        wh.con.execute("CHECKPOINT")
+        wh.con.execute(
+            "CREATE TABLE ops.scratch AS SELECT range AS n, md5(range::TEXT) AS t "
+            "FROM range(300000)"
+        )
+        wh.con.execute("CHECKPOINT")
+        wh.con.execute("DELETE FROM ops.scratch WHERE n % 3 = 0")
+        wh.con.execute("DROP TABLE ops.gone")  # its blocks before the scratch's: free, kept
+        wh.con.execute("CHECKPOINT")
+        assert vacuum.file_is_due(wh.con)
+    return work
+
+
+def free_share(path) -> float:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return vacuum.free_share(con)
+
+
+def test_a_fifth_of_free_blocks_is_written_compactly_at_publication(tmp_path):
+    """Free blocks past a fifth of the file: the publication writes the working copy anew,
+    with every table, row and comment, and publishes that; below the line, a byte copy."""
+    published = tmp_path / "warehouse.duckdb"
+    work = churned(published)
+    with Warehouse(work, read_only=True) as wh:
+        comments = wh.con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE comment IS NOT NULL"
+        ).fetchone()
+    size = work.stat().st_size
+    publish(work, published)
+    assert free_share(work) == free_share(published) == 0.0
+    assert work.stat().st_size < size / 2
+    with duckdb.connect(str(published), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ops.scratch").fetchone() == (200_000,)
+        assert (
+            con.execute(
+                "SELECT count(*) FROM duckdb_columns() WHERE comment IS NOT NULL"
+            ).fetchone()
+            == comments
+        )
+    assert stat.S_IMODE(work.stat().st_mode) == stat.S_IMODE(published.stat().st_mode) == 0o600
+    assert not list(work.parent.glob("*.compacting"))
+    with Warehouse(work) as wh:  # the compact working copy is the warehouse from now on
+        wh.ensure_schema()
+        found = models.models(dbt_project.manifest_json(dbt_project.prepare()))
+        assert models.stale(wh.con, found) == []
+        assert wh.con.execute(  # the history macros came along with the tables
+            'SELECT count(*) FROM "history"."claims_as_of"(now())'
+        ).fetchone() == (0,)
+    size = work.stat().st_size
+    publish(work, published)  # nothing due: the same file, copied
+    assert work.stat().st_size == size
+
+
+def test_a_compaction_that_fails_still_publishes_the_night(tmp_path, monkeypatch, caplog):
+    """Writing the file anew needs room for a second copy; without it (here: DuckDB's error
+    from a full disk) the night is published as it is, with a warning, and nothing is lost."""
+    published = tmp_path / "warehouse.duckdb"
+    work = churned(published)
+
+    def full_disk(wh, work):
+        raise duckdb.IOException("could not write file: No space left on device")
+
+    monkeypatch.setattr(publish_module, "_compact", full_disk)
+    publish(work, published)
+    assert free_share(published) > 0.2  # published as it was
+    with duckdb.connect(str(published), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ops.scratch").fetchone() == (200_000,)
+    assert "not written compactly: could not write file" in caplog.text

@@ -92,3 +92,34 @@ def record_keys(
             ),
             [run_id, entity.name, change, list(keys)],
         )
+
+
+def one_per_record(con: duckdb.DuckDBPyConnection, entity: EntitySet, run_id: str) -> None:
+    """A load that merged several versions of a key, one round each (warehouse/merge.py),
+    recorded a change per round: one row per record stays, inserted when a round inserted it
+    (it was absent or deleted before the load), else updated with every column that moved.
+    This load's rows are those of its transaction (`synced_at`, now())."""
+    columns = [*(f.name for f in entity.fields), EXTRAS]
+    this_load = "run_id = ? AND entity = ? AND synced_at = now()"
+    con.execute(
+        f"""CREATE TEMP TABLE "_changed" AS
+            SELECT id, CASE WHEN bool_or(change = '{INSERTED}') THEN '{INSERTED}'
+                            ELSE '{UPDATED}' END AS change,
+                   flatten(list(changed_columns)) AS moved
+            FROM {CHANGES} WHERE {this_load} GROUP BY id HAVING count(*) > 1""",
+        [run_id, entity.name],
+    )
+    con.execute(
+        f'DELETE FROM {CHANGES} WHERE {this_load} AND id IN (SELECT id FROM "_changed")',
+        [run_id, entity.name],
+    )
+    con.execute(
+        _insert(
+            f"""SELECT id, change, CASE WHEN change = '{UPDATED}' THEN
+                    list_filter(?::VARCHAR[], lambda c: list_contains(moved, c)) END
+                    AS changed_columns
+                FROM "_changed" """
+        ),
+        [run_id, entity.name, columns],
+    )
+    con.execute('DROP TABLE "_changed"')

@@ -1,4 +1,4 @@
-"""Opening the DuckDB file: the memory cap, the lock wait, owner-only files, transactions.
+"""Opening the DuckDB file: the memory cap (`warehouse.memory`), the lock wait, owner-only files, transactions.
 
 DuckDB lets one process write a file and nobody open it meanwhile; a second opener gets an
 IOException naming the holder. Here it waits up to `wait` seconds, then says who holds it.
@@ -6,39 +6,22 @@ IOException naming the holder. Here it waits up to `wait` seconds, then says who
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
 
 import duckdb
 
-from connectors.clinical_records.errors import ConfigError
 from warehouse.errors import WarehouseLocked
 from warehouse.private import private_dir
 
 LOCK_WORDS = ("could not set lock", "conflicting lock")
 OPEN_ATTEMPTS = 5  # read-only opens that met a publication's rename, before the error stands
 
-# DuckDB's own default is 80% of RAM, so a large merge grew the sync's memory with the
-# data; under this cap it spills to `<file>.tmp` (private) instead and memory stays flat.
-MEMORY_LIMIT_VARIABLE = "WAREHOUSE_MEMORY_LIMIT"
-DEFAULT_MEMORY_LIMIT = "128MB"
-_MEMORY_LIMIT_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*(KB|MB|GB|KiB|MiB|GiB)$", re.IGNORECASE)
-
-
-def memory_limit() -> str:
-    """WAREHOUSE_MEMORY_LIMIT, checked before DuckDB sees it; ConfigError names it otherwise."""
-    value = (os.environ.get(MEMORY_LIMIT_VARIABLE) or DEFAULT_MEMORY_LIMIT).strip()
-    if not _MEMORY_LIMIT_RE.match(value):
-        raise ConfigError(MEMORY_LIMIT_VARIABLE, "a size such as 256MB or 2GB")
-    return value
-
-
 HOLDER_RE = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
 
 
-def _command(pid: int) -> str | None:
+def process_name(pid: int) -> str | None:
     """A short name for process `pid` from /proc: the program and the words that say what it
     runs (`python3.11 -m cli.main sync`), stopping at the first option: options may carry
     secrets, and `-c` code anything."""
@@ -63,7 +46,7 @@ def lock_holder(message: str) -> str:
     if found is None:
         return "another process"
     pid = int(found["pid"])
-    return f"process {pid} ({_command(pid) or Path(found['program']).name})"
+    return f"process {pid} ({process_name(pid) or Path(found['program']).name})"
 
 
 def _locked(path: Path, message: str, wait: float) -> WarehouseLocked:

@@ -31,8 +31,9 @@ from typing import Any
 import yaml
 
 from connectors.clinical_records.errors import ConfigError
-from warehouse.connection import memory_limit, spill_dir
+from warehouse.connection import spill_dir
 from warehouse.ddl import ANALYTICS
+from warehouse.memory import memory_limit
 from warehouse.private import create_private, private_dir
 
 PROJECT_VARIABLE = "CLINICAL_DBT_PROJECT"

@@ -40,9 +40,11 @@ from warehouse.load import Warehouse
 log = logging.getLogger(__name__)
 
 MODELS = qualified("ops", "models")
-ERROR_KIND = re.compile(r"\b([A-Z][A-Za-z]* Error):")  # DuckDB's "Binder Error: ...", ...
+ERROR_KIND = re.compile(r"\b([A-Z][a-z]*(?: of| [A-Z][a-z]*)* Error):")  # "Binder Error: ..."
 DBT_KIND = re.compile(r"\b([A-Z][A-Za-z]* Error) in ")  # dbt's own: "Compilation Error in ..."
 FAILED_STATUSES = {"error", "fail", "runtime error", "skipped"}
+OUT_OF_MEMORY = "build failed: Out of Memory Error"
+NOT_BUILT = "not built: a model it reads failed"
 
 
 @dataclass(frozen=True)
@@ -184,10 +186,12 @@ def build(
     run_id: str | None = None,
     on_event: Callable[[Any], None] | None = None,
     wait: float = 0.0,
+    lock: str | Path | None = None,
 ) -> Built:
     """Build the stale models of `project` (default: transform/) on the warehouse file, in
-    this process: its lock held throughout (dbt's connection joins this one), each model's
-    outcome recorded in ops.models. `only`: the names of the models to consider."""
+    this process: its lock held throughout (dbt's connection joins this one; `lock`: as
+    `Warehouse` takes it), each model's outcome recorded in ops.models. `only`: the names of
+    the models to consider."""
     path = Path(warehouse)
     database = dbt_project.catalog(path)
     if project is None or project.database != database:  # dbt names relations by catalog
@@ -199,17 +203,45 @@ def build(
         wanted = set(only)
         found = [m for m in found if m.name in wanted]
     started, cpu = time.monotonic(), time.process_time()
-    with Warehouse(path, wait=wait) as wh:
+    with Warehouse(path, wait=wait, lock=lock) as wh:
         wh.ensure_schema()
         todo = stale(wh.con, found)
         done = Built(reused=[m.name for m in found if m not in todo])
         if todo:
-            results = _run(project, path, todo, on_event)
-            _outcomes(done, todo, results)
+            _outcomes(done, todo, _run(project, path, todo, on_event))
+            if OUT_OF_MEMORY in done.failed.values():
+                _again_on_one_thread(wh, project, todo, done, on_event)
             _record(wh.con, todo, done, run_id)
     done.seconds = round(time.monotonic() - started, 3)
     done.cpu_seconds = round(time.process_time() - cpu, 3)
     return done
+
+
+def _again_on_one_thread(
+    wh: Warehouse,
+    project: Project,
+    todo: Sequence[Model],
+    done: Built,
+    on_event: Callable[[Any], None] | None,
+) -> None:
+    """The models that ran out of memory (and those that read them) built again on one
+    thread: DuckDB's hash joins and aggregates hold state per thread, so one thread needs
+    less under the same cap and spills what does not fit. A slower build, not a failed
+    night. dbt's connection joins this one, whose DuckDB settings it shares."""
+    again = [m for m in todo if done.failed.get(m.name) in (OUT_OF_MEMORY, NOT_BUILT)]
+    log.warning(
+        "models out of memory under %s: %s built again on one thread",
+        wh.memory_limit,
+        ", ".join(m.name for m in again),
+    )
+    for model in again:
+        del done.failed[model.name]
+    (threads,) = wh.con.execute("SELECT current_setting('threads')").fetchone()
+    wh.con.execute("SET threads = 1")
+    try:
+        _outcomes(done, again, _run(project, wh.path, again, on_event))
+    finally:
+        wh.con.execute(f"SET threads = {int(threads)}")
 
 
 def _run(
@@ -259,7 +291,7 @@ def _outcomes(done: Built, todo: Sequence[Model], results: Sequence[Any]) -> Non
 
 def _failure(status: str, message: str | None) -> str:
     if status == "skipped":
-        return "not built: a model it reads failed"
+        return NOT_BUILT
     kind = ERROR_KIND.search(message or "") or DBT_KIND.search(message or "")
     return f"build failed: {kind.group(1) if kind else 'dbt error'}"
 
@@ -292,6 +324,16 @@ def _record(
                             "failure" = ? WHERE "name" = ?""",
                     [run_id, done.failed[model.name], model.name],
                 )
+
+
+def failed_in(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, str]:
+    """The models whose build in run `run_id` failed and were not built since: what failed."""
+    rows = con.execute(
+        f"""SELECT "name", "failure" FROM {MODELS} WHERE "failed_run_id" = ?
+            AND ("built_at" IS NULL OR "failed_at" > "built_at") ORDER BY "name" """,
+        [run_id],
+    ).fetchall()
+    return dict(rows)
 
 
 @dataclass(frozen=True)

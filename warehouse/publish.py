@@ -5,7 +5,8 @@ on a file makes the next writer wait. So the sync never writes `WAREHOUSE_PATH`:
 into its working copy, `<folder>/<stem>.work/<name>` (`data/warehouse.work/warehouse.duckdb`
 for the default), a private folder that also holds DuckDB's write-ahead log and spill files.
 When a run has committed, `publish` checkpoints the working copy (the file then holds every
-commit), copies its bytes beside `WAREHOUSE_PATH` under a private temporary name while it
+commit; when a fifth of it is free blocks, it is first written anew, compactly: `_compact`),
+copies its bytes beside `WAREHOUSE_PATH` under a private temporary name while it
 still holds the write lock, syncs them and renames the copy over `WAREHOUSE_PATH`.
 
 The analytics tables are built by a run's models step after its loads. A model older than a
@@ -29,8 +30,9 @@ from pathlib import Path
 
 import duckdb
 
+from warehouse import vacuum
 from warehouse.ddl import ANALYTICS, MODEL_HEALTH_VIEW
-from warehouse.ident import qualified
+from warehouse.ident import literal, qualified, quote
 from warehouse.load import Warehouse
 from warehouse.private import create_private, make_private, private_dir, tighten
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 WORK_SUFFIX = ".work"
 PUBLISHING = ".publishing"  # suffix of a copy on its way to WAREHOUSE_PATH
+COMPACTING = "compacting"  # the compact copy's catalog while it is written
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,15 @@ def publish(
                 ", ".join(stale),
             )
         wh.con.execute("CHECKPOINT")
-        for stale in target.parent.glob(f".{target.name}.*{PUBLISHING}"):
-            stale.unlink(missing_ok=True)  # left by a publisher killed halfway
+        for leftover in target.parent.glob(f".{target.name}.*{PUBLISHING}"):
+            leftover.unlink(missing_ok=True)  # left by a publisher killed halfway
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}{PUBLISHING}")
         try:
+            if vacuum.file_is_due(wh.con):
+                try:
+                    _compact(wh, work)
+                except (duckdb.Error, OSError) as exc:  # a full disk: publish it as it is
+                    log.warning("warehouse %s not written compactly: %s", work.name, exc)
             size = _copy(work, partial)
             os.replace(partial, target)
         finally:
@@ -129,6 +137,33 @@ def stale_models(con: duckdb.DuckDBPyConnection) -> list[str]:
         f"SELECT name FROM {qualified(ANALYTICS, MODEL_HEALTH_VIEW)} WHERE stale ORDER BY name"
     ).fetchall()
     return [name for (name,) in rows]
+
+
+def _compact(wh: Warehouse, work: Path) -> None:
+    """Write the working copy anew without its free blocks and dead rows (DuckDB's COPY FROM
+    DATABASE: every schema, table, view and comment), and put it in the working copy's
+    place while `wh` still holds the old file's lock; the publication copies it."""
+    started = time.monotonic()
+    before = work.stat().st_size
+    compact = work.with_name(f".{work.name}.{uuid.uuid4().hex}.compacting")
+    (name,) = wh.con.execute("SELECT current_database()").fetchone()
+    try:
+        wh.con.execute(f"ATTACH {literal(str(compact))} AS {COMPACTING}")
+        try:
+            wh.con.execute(f"COPY FROM DATABASE {quote(name)} TO {COMPACTING}")
+        finally:
+            wh.con.execute(f"DETACH {COMPACTING}")
+        make_private(compact)
+        os.replace(compact, work)
+    finally:
+        compact.unlink(missing_ok=True)
+    log.info(
+        "warehouse %s written compactly: %.1f MiB to %.1f MiB in %.1f s",
+        work.name,
+        before / 2**20,
+        work.stat().st_size / 2**20,
+        time.monotonic() - started,
+    )
 
 
 def _copy(source: Path, target: Path) -> int:

@@ -7,6 +7,15 @@ deleted rows. For a merge that changed 10% of 1M rows spread over the whole tabl
 leaves the dead rows until they are a fifth of the table; the load that crosses that line
 lets the checkpoint vacuum. Dead rows cost disk and scan time, never correctness: DuckDB
 never returns a deleted row.
+
+The analytics models are the other source of dead space: dbt writes a model's new table
+before it drops the old one (a model that fails keeps its last table, warehouse/models.py), so
+after a build the file holds a generation of free blocks, which the next build reuses.
+
+What is left is DuckDB's copy-on-write: a checkpoint writes the row groups a night changed
+(the whole table, while it fits in one row group of 122,880 rows) and frees the old blocks,
+which the next night reuses. When free blocks reach a fifth of the file all the same, the
+publication writes the night compactly (`file_is_due`, warehouse/publish.py).
 """
 
 from __future__ import annotations
@@ -40,3 +49,17 @@ def set_for_commit(con: duckdb.DuckDBPyConnection, schema: str, table: str, appe
     if known:
         due = is_due(stored + appended, live)
         con.execute(f"RESET {SETTING}" if due else f"SET {SETTING} = 0")
+
+
+def free_share(con: duckdb.DuckDBPyConnection) -> float:
+    """The file's free blocks over all its blocks, as of the last checkpoint."""
+    total, free = con.execute(
+        "SELECT total_blocks, free_blocks FROM pragma_database_size() "
+        "WHERE database_name = current_database()"
+    ).fetchone()
+    return free / total if total else 0.0
+
+
+def file_is_due(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether free blocks reach a fifth of the file: time to write it compactly."""
+    return free_share(con) >= DEAD_FRACTION

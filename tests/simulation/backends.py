@@ -47,6 +47,10 @@ class Backend(Protocol):
         """The service's records as `held` would hold them."""
         ...
 
+    def as_held(self, entity: EntitySet, records: list[dict]) -> list[dict]:
+        """Records made for one comparison (no cache), as `held` would hold them."""
+        ...
+
 
 class ModelBackend:
     def __init__(self, root: Path) -> None:
@@ -77,6 +81,9 @@ class ModelBackend:
                 known = self._sent[id(record)] = (record, as_sent(record))
             out[known[1].get(entity.key)] = known[1]
         return {entity_key(entity, k): v for k, v in out.items()}
+
+    def as_held(self, entity: EntitySet, records: list[dict]) -> list[dict]:
+        return [as_sent(r) for r in records]
 
 
 class DuckDBBackend:
@@ -110,6 +117,9 @@ class DuckDBBackend:
 
     def expected(self, entity: EntitySet, records: list[dict]) -> dict[Any, Any]:
         return canonical(entity, records)
+
+    def as_held(self, entity: EntitySet, records: list[dict]) -> list[dict]:
+        return list(canonical(entity, [as_sent(r) for r in records]).values()) if records else []
 
 
 BACKENDS = {"model": ModelBackend, "duckdb": DuckDBBackend}

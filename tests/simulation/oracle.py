@@ -20,7 +20,7 @@ from typing import Any
 
 from connectors.clinical_records.catalogue import DOCUMENTS, ENTITY_SETS, Edm, EntitySet
 from sync.reconcile_mark import Blind
-from tests.simulation.backends import Backend, as_sent
+from tests.simulation.backends import Backend
 from tests.simulation.service import Journal
 from tests.simulation.world import RunResult
 
@@ -88,7 +88,8 @@ def _documents(run: RunResult, served: list, backend: Backend) -> Verdict:
     for record in backend.held(DOCUMENTS).values():
         held.setdefault(str(record.get("patient_id")), set()).add(_document(record))
     for patient, one in last.items():
-        want = {_document(as_sent(dict(m))) for m in one.truth.documents.get(patient, ())}
+        sent = [dict(m) for m in one.truth.documents.get(patient, ())]
+        want = {_document(r) for r in backend.as_held(DOCUMENTS, sent)}
         have = held.get(patient, set())
         verdict.missing += sorted(d[0] for d in want - have if d[0] not in {h[0] for h in have})
         verdict.extra += sorted(d[0] for d in have - want if d[0] not in {w[0] for w in want})

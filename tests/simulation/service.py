@@ -188,9 +188,8 @@ class InProcessService(httpx.BaseTransport):
             return  # one document, or its content: no look at a set
         else:
             touched = touched_sets(entity, params)
-            if DOCUMENTS.name in touched and status == 200:  # patients with their documents
-                records = json.loads(body).get("value", [])
-                patients = frozenset(str(r.get("id")) for r in records)
+            if DOCUMENTS.name in touched:  # patients with their documents
+                patients = _patients(body)
         number = len(self.journal.served)
         self.journal.served.append(
             Served(number, touched, status, self._truth(), patients, resource, params)
@@ -211,3 +210,13 @@ class InProcessService(httpx.BaseTransport):
             )
             self.journal._version = version
         return self.journal._truth
+
+
+def _patients(body: bytes) -> frozenset[str]:
+    """The patients a page of Patients carries (none in a garbled answer: the client asks
+    it again)."""
+    try:
+        records = json.loads(body).get("value", [])
+    except (ValueError, AttributeError):
+        return frozenset()
+    return frozenset(str(r.get("id")) for r in records if isinstance(r, dict))

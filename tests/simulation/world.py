@@ -119,7 +119,7 @@ class Scenario:
         faulty = rng.random() < 0.4
         return cls(
             seed=seed,
-            scale=rng.choice((0.01, 0.02, 0.04, 0.06)),
+            scale=rng.choice((0.01, 0.02, 0.04, 0.06, 0.15)),  # 0.15: sets of several pages
             values=rng.choice(("spec", "spec", "wide")),
             dangling=rng.choice((0.0, 0.0, 0.02, 0.1)),
             drift_every=drift_every,

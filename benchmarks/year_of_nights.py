@@ -1,0 +1,382 @@
+"""A year of nights: whether the nightly's cost grows with the day's changes or with the years.
+
+The sandbox's data (its `Store`, in this process: no HTTP) is loaded once, as a first sync
+would, then every day changes as `Store.advance` changes it (1% of the records inserted, 1%
+updated, 0.2% hard-deleted, and 1% of the documents uploaded and as many deleted, the day of
+benchmarks/expansion_cost.py) and the day's records go down the nightly's loading path: one
+lake batch per set (normalised, with the keys found deleted), `Warehouse.load` (merge,
+history, soft deletes), the analytics models and a publication. The day's fractions are of
+the sets' sizes on the first day: every night brings as many changes, so a night that costs
+more than the first did pays for the years behind it, not for a bigger day.
+
+Per night: seconds in the warehouse (lake, loads, models), publication seconds, the working
+file's MiB, history rows, and its dead space (DuckDB's free blocks over all its blocks).
+
+Run: nice -n 10 .venv/bin/python benchmarks/year_of_nights.py --scale 10 --days 365 [--json PATH]
+Targets: the last 30 nights' warehouse seconds within 1.5x of the first 30; dead space never
+above a fifth of the file; `--scale 2 --days 365` in under 10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import record
+from connectors.clinical_records.catalogue import ALL_ENTITIES, DOCUMENTS, EntitySet
+from connectors.sandbox.store import Store
+from warehouse import ddl, models
+from warehouse.lake import Lake
+from warehouse.load import Warehouse
+from warehouse.normalise import normalise
+from warehouse.publish import publish, working_path
+
+MIB = 1024 * 1024
+DAY = {"insert_fraction": 0.01, "update_fraction": 0.01, "delete_fraction": 0.002}
+DOCUMENT_FRACTION = 0.01
+WINDOW = 30  # nights compared at each end of the year
+RATIO_TARGET, DEAD_TARGET = 1.5, 0.2
+
+
+def build_models(work: Path) -> dict[str, int]:
+    """The nightly's models step (dbt, in process, the models the night's changes made stale):
+    the rows of each model built; a failed one stops the year."""
+    built = models.build(work)
+    if built.failed:
+        raise RuntimeError(f"the models failed: {built.summary()}")
+    return built.built
+
+
+@dataclass
+class Night:
+    night: int
+    changes: int  # records inserted, updated or deleted at the source that day
+    warehouse_s: float  # lake + loads + models
+    warehouse_cpu_s: float  # the same stages' CPU, every thread of this process
+    lake_s: float
+    load_s: float
+    models_s: float
+    publish_s: float
+    file_mib: float
+    history_rows: int
+    clinical_rows: int
+    dead_space: float  # free blocks / total blocks of the working file
+
+
+class DayLog:
+    """The keys a day touched, per set: every table's upserts and deletes, and the documents'
+    uploads and deletes, seen as the store makes them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.touched: dict[str, set[Any]] = {e.name: set() for e in ALL_ENTITIES}
+        self.gone: dict[str, set[Any]] = {e.name: set() for e in ALL_ENTITIES}
+        for name, table in store.tables.items():
+            table.upsert = self._watch(table.upsert, self.touched[name], self.gone[name])
+            table.delete = self._watch(table.delete, self.gone[name], self.touched[name])
+        docs = store.documents
+        docs.add = self._watch_document(docs.add)
+        docs.delete = self._watch(
+            docs.delete,
+            self.gone[DOCUMENTS.name],
+            self.touched[DOCUMENTS.name],
+            key_of=lambda args: args[1],
+        )
+
+    @staticmethod
+    def _watch(
+        method: Callable[..., Any],
+        into: set[Any],
+        out_of: set[Any],
+        key_of: Callable[[tuple[Any, ...]], Any] | None = None,
+    ) -> Callable[..., Any]:
+        entity_key = getattr(getattr(method, "__self__", None), "entity", None)
+
+        def watched(*args: Any) -> Any:
+            if key_of is not None:
+                key = key_of(args)
+            elif entity_key is not None and isinstance(args[0], dict):
+                key = args[0].get(entity_key.key)
+            else:
+                key = args[0]
+            into.add(key)
+            out_of.discard(key)
+            return method(*args)
+
+        return watched
+
+    def _watch_document(self, add: Callable[..., dict]) -> Callable[..., dict]:
+        def watched(**fields: Any) -> dict:
+            meta = add(**fields)
+            self.touched[DOCUMENTS.name].add(meta["id"])
+            return meta
+
+        return watched
+
+    def take(self) -> dict[str, tuple[list[dict], list[str]]]:
+        """The day's records (as served now) and deleted keys, per set; starts a new day."""
+        out: dict[str, tuple[list[dict], list[str]]] = {}
+        documents = {m["id"]: m for m in self.store.documents.all()}
+        for entity in ALL_ENTITIES:
+            held = documents if entity is DOCUMENTS else self.store.tables[entity.name].by_key
+            records = [dict(held[k]) for k in self.touched[entity.name] if k in held]
+            gone = [str(k) for k in self.gone[entity.name]]
+            if records or gone:
+                out[entity.name] = (records, gone)
+            self.touched[entity.name].clear()
+            self.gone[entity.name].clear()
+        return out
+
+
+def every_record(store: Store) -> dict[str, tuple[list[dict], list[str]]]:
+    truth = store.ground_truth()
+    return {e.name: (truth[e.name], []) for e in ALL_ENTITIES}
+
+
+def one_day(store: Store, first_size: int) -> None:
+    """A day at the source, as large as a day at the sets' first sizes."""
+    size = sum(len(t) for t in store.tables.values())
+    share = first_size / size if size else 1.0
+    store.advance(seconds=86400, **{k: v * share for k, v in DAY.items()})
+    store.advance(
+        seconds=0,
+        insert_fraction=0,
+        update_fraction=0,
+        delete_fraction=0,
+        document_fraction=DOCUMENT_FRACTION,
+    )
+
+
+def lake_batches(
+    lake: Lake, day: dict[str, tuple[list[dict], list[str]]], run_id: str, store: Store
+) -> list[tuple[EntitySet, Path]]:
+    """The day's records of each set as one lake batch, normalised as the extraction does."""
+    written = []
+    for entity in ALL_ENTITIES:
+        if entity.name not in day:
+            continue
+        records, gone = day[entity.name]
+        batch = normalise(entity, records)
+        path = lake.write(
+            entity,
+            batch.table,
+            run_id=run_id,
+            extracted_at=store.now + timedelta(hours=2),  # the nightly runs after the day
+            rejects=batch.rejects,
+            deletes=gone,
+        )
+        written.append((entity, path))
+    return written
+
+
+def file_figures(work: Path) -> tuple[float, int, int, float]:
+    """The working file's MiB, history rows, clinical rows and free share of its blocks."""
+    with Warehouse(work, read_only=True) as wh:
+        total, free = wh.con.execute(
+            "SELECT total_blocks, free_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        history = sum(
+            wh.con.execute(f'SELECT count(*) FROM "{ddl.HISTORY}"."{name}"').fetchone()[0]
+            for (name,) in wh.con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = ?", [ddl.HISTORY]
+            ).fetchall()
+        )
+        clinical = sum(
+            wh.con.execute(f'SELECT count(*) FROM "{ddl.CLINICAL}"."{e.table}"').fetchone()[0]
+            for e in ALL_ENTITIES
+        )
+    mib = os.path.getsize(work) / MIB
+    return round(mib, 2), history, clinical, round(free / total, 4) if total else 0.0
+
+
+def equals_source(work: Path, store: Store) -> bool:
+    """Whether every set's live keys in the warehouse are the source's, no more, no less."""
+    truth = store.ground_truth()
+    with Warehouse(work, read_only=True) as wh:
+        for entity in ALL_ENTITIES:
+            held = wh.con.execute(
+                f'SELECT CAST("{entity.key}" AS VARCHAR) FROM "{ddl.CLINICAL}"."{entity.table}" '
+                'WHERE "_deleted_at" IS NULL'
+            ).fetchall()
+            if {k for (k,) in held} != {str(r[entity.key]) for r in truth[entity.name]}:
+                return False
+    return True
+
+
+def night(
+    number: int,
+    day: dict[str, tuple[list[dict], list[str]]],
+    store: Store,
+    lake: Lake,
+    published: Path,
+) -> Night:
+    """The nightly's warehouse work for one day's records, timed by stage."""
+    work = working_path(published)
+    run_id = f"night-{number:04d}"
+    started, cpu = time.perf_counter(), time.process_time()
+    batches = lake_batches(lake, day, run_id, store)
+    lake_done = time.perf_counter()
+    with Warehouse(work) as wh:
+        wh.ensure_schema()
+        for entity, path in batches:
+            wh.load(entity, [path], run_id=run_id, snapshot=number == 0)
+    loads_done = time.perf_counter()
+    build_models(work)
+    models_done, models_cpu = time.perf_counter(), time.process_time()
+    publish(work, published)
+    published_at = time.perf_counter()
+    mib, history, clinical, dead = file_figures(work)
+    return Night(
+        night=number,
+        changes=sum(len(r) + len(g) for r, g in day.values()),
+        warehouse_s=round(models_done - started, 3),
+        warehouse_cpu_s=round(models_cpu - cpu, 3),
+        lake_s=round(lake_done - started, 3),
+        load_s=round(loads_done - lake_done, 3),
+        models_s=round(models_done - loads_done, 3),
+        publish_s=round(published_at - models_done, 3),
+        file_mib=mib,
+        history_rows=history,
+        clinical_rows=clinical,
+        dead_space=dead,
+    )
+
+
+def summary(nights: list[Night], window: int) -> dict[str, Any]:
+    """The year's figures: the first and last `window` nights side by side."""
+    first, last = nights[:window], nights[-window:]
+
+    def mean(rows: list[Night], name: str) -> float:
+        return round(statistics.fmean(getattr(n, name) for n in rows), 4)
+
+    figures: dict[str, Any] = {
+        "window": window,
+        "first_30_nights_s": mean(first, "warehouse_s"),
+        "last_30_nights_s": mean(last, "warehouse_s"),
+        "file_mib_first": nights[0].file_mib,
+        "file_mib_last": nights[-1].file_mib,
+        "dead_space_fraction_max": max(n.dead_space for n in nights),
+        "history_rows_first": nights[0].history_rows,
+        "history_rows_last": nights[-1].history_rows,
+        "clinical_rows_first": nights[0].clinical_rows,
+        "clinical_rows_last": nights[-1].clinical_rows,
+    }
+    for stage in ("warehouse_cpu_s", "lake_s", "load_s", "models_s", "publish_s", "changes"):
+        figures[f"{stage}_first"] = mean(first, stage)
+        figures[f"{stage}_last"] = mean(last, stage)
+    figures["ratio"] = round(figures["last_30_nights_s"] / figures["first_30_nights_s"], 2)
+    figures["cpu_ratio"] = round(
+        figures["warehouse_cpu_s_last"] / figures["warehouse_cpu_s_first"], 2
+    )
+    figures["compactions"] = sum(1 for n in nights if n.dead_space == 0.0)
+    return figures
+
+
+def write_json(
+    args: argparse.Namespace, full: Night, nights: list[Night], seconds: float, exact: bool | None
+) -> None:
+    """The year so far (written after every night: a run stopped early keeps its nights) or
+    whole; `equals_source` is null until the last night is checked."""
+    window = min(WINDOW, len(nights) // 2)
+    document = {
+        "scale": args.scale,
+        "days": args.days,
+        "nights_done": len(nights),
+        "seconds": seconds,
+        "equals_source": exact,
+        "first_sync": asdict(full),
+        **(summary(nights, window) if window else {}),
+        "nights": [asdict(n) for n in nights],
+    }
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=10)
+    parser.add_argument("--days", type=int, default=365)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="write every night and the summary here")
+    parser.add_argument("--record", action="store_true", help="keep the summary in results.json")
+    args = parser.parse_args(argv)
+    if args.days < 2:
+        parser.error("--days: at least 2 nights to compare")
+    began = time.perf_counter()
+    store = Store(seed=args.seed, scale=args.scale)
+    log = DayLog(store)
+    first_size = sum(len(t) for t in store.tables.values())
+    nights: list[Night] = []
+    with tempfile.TemporaryDirectory(prefix="bench-year-") as tmp:
+        lake, published = Lake(Path(tmp) / "lake"), Path(tmp) / "warehouse.duckdb"
+        full = night(0, every_record(store), store, lake, published)
+        print(
+            f"first sync: {full.changes:,} records, {full.warehouse_s:.2f} s in the warehouse, "
+            f"{full.publish_s:.2f} s publishing, {full.file_mib:.1f} MiB",
+            flush=True,
+        )
+        print(
+            f"{'night':>5} {'changes':>8} {'warehouse s':>11} {'CPU s':>6} {'loads s':>8} {'models s':>8} "
+            f"{'publish s':>9} {'file MiB':>9} {'history rows':>12} {'dead space':>10}"
+        )
+        for number in range(1, args.days + 1):
+            one_day(store, first_size)
+            n = night(number, log.take(), store, lake, published)
+            nights.append(n)
+            print(
+                f"{n.night:>5} {n.changes:>8,} {n.warehouse_s:>11.3f} {n.warehouse_cpu_s:>6.2f} "
+                f"{n.load_s:>8.3f} "
+                f"{n.models_s:>8.3f} {n.publish_s:>9.3f} {n.file_mib:>9.1f} "
+                f"{n.history_rows:>12,} {n.dead_space:>10.3f}",
+                flush=True,
+            )
+            if args.json:
+                write_json(args, full, nights, round(time.perf_counter() - began, 1), None)
+        exact = equals_source(working_path(published), store)
+    window = min(WINDOW, len(nights) // 2)
+    figures = summary(nights, window)
+    seconds = round(time.perf_counter() - began, 1)
+    print(
+        f"\nscale {args.scale:g}, {args.days} nights in {seconds} s: warehouse s a night "
+        f"{figures['first_30_nights_s']:.3f} (first {window}) -> {figures['last_30_nights_s']:.3f} "
+        f"(last {window}) = {figures['ratio']}x (target <= {RATIO_TARGET}), CPU s "
+        f"{figures['warehouse_cpu_s_first']:.3f} -> {figures['warehouse_cpu_s_last']:.3f} = "
+        f"{figures['cpu_ratio']}x; {figures['compactions']} compactions; "
+        f"file {figures['file_mib_first']:.1f} -> {figures['file_mib_last']:.1f} MiB; "
+        f"history rows {figures['history_rows_first']:,} -> {figures['history_rows_last']:,}; "
+        f"clinical rows {figures['clinical_rows_first']:,} -> {figures['clinical_rows_last']:,}; "
+        f"dead space at most {figures['dead_space_fraction_max']:.3f} (target <= {DEAD_TARGET}); "
+        f"live records equal the source's: {'yes' if exact else 'NO'}"
+    )
+    if args.json:
+        write_json(args, full, nights, seconds, exact)
+    if args.record:
+        record(
+            "year_of_nights",
+            {
+                "scale": args.scale,
+                "days": args.days,
+                "seconds": seconds,
+                "equals_source": exact,
+                **figures,
+            },
+        )
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
