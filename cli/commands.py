@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from cli import exit_codes
 from cli import log as cli_log
-from cli.output import alert_lines, format_table, status_json, status_text
+from cli.output import alert_lines, format_table, status_json, status_text, tell
 from connectors.clinical_records.errors import ConfigError
 from pipelines import home, tenants
 from sync.progress import TerminalProgress, install
@@ -66,6 +66,7 @@ def sync(args: argparse.Namespace) -> int:
             tags={"clinical-sync/command": "sync"},
             checked=checked,
             read_rotation=args.read_rotation,
+            say=tell,
         )
         cli_log.write_run(instance, report.run_id, log, succeeded=report.success)
     if not report.success:
@@ -110,6 +111,7 @@ def status(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"no sync has written {path} yet; the demo's warehouse, {demo}:")
         path = demo  # what a user who just ran `make demo` wants to see
+    end_orphans_of(path)
     try:
         states = warehouse_status(path)
     except FileNotFoundError:
@@ -122,17 +124,42 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+def end_orphans_of(warehouse: str | Path | None, tenants_file: Path | None = None) -> None:
+    """Runs of `clinical-sync` whose process died, found by `status` when it comes first:
+    recorded killed in their own warehouses (`run_record.end_orphans`), their alerts sent,
+    said on stderr. Only where a sync has made the warehouse's Dagster instance: `status`
+    creates none."""
+    if home.made_dagster_home(warehouse) is None:
+        return
+    from pipelines.run_record import Place, end_orphans
+    from pipelines.webhook import webhook_from_env
+
+    try:
+        webhook = webhook_from_env(os.environ)
+    except ConfigError:
+        webhook = None  # `sync` names the variable; `status` still shows what it can
+    here = Place(str(warehouse or home.warehouse_path()), home.lake_root())
+    with home.instance(warehouse) as instance:
+        for run_id, place in end_orphans(instance, here, tenants_file, webhook, say=lambda _: None):
+            tell(
+                f"run {run_id[:8]} had died without finishing: recorded killed in "
+                f"{place.warehouse}'s ops.sync_runs (its next sync publishes it)"
+            )
+
+
 def rebuild(args: argparse.Namespace) -> int:
     """Rebuild the working copy from the lake, then publish it."""
     from sync.state import LOCK_WAIT_SECONDS
     from warehouse.publish import publish, working_copy
     from warehouse.rebuild import rebuild as rebuild_warehouse
+    from warehouse.writer import writing
 
     lake, path = home.lake_root(), home.warehouse_path()
     print(f"rebuilding {path} from the lake at {lake} ...", file=sys.stderr)
     work = working_copy(path, adopt=False)
-    results = rebuild_warehouse(lake, work)
-    publish(work, path, wait=LOCK_WAIT_SECONDS)
+    with writing(work, wait=LOCK_WAIT_SECONDS, what="clinical-sync rebuild", say=tell):
+        results = rebuild_warehouse(lake, work)
+        publish(work, path, wait=LOCK_WAIT_SECONDS)
     rows = [("entity set", "fetched", "inserted", "updated", "deleted", "rejected")]
     for name, r in results.items():
         figures = (r.fetched, r.inserted, r.updated, r.soft_deleted, r.rejected)

@@ -157,7 +157,7 @@ def delete(args: argparse.Namespace) -> int:
 def sync(args: argparse.Namespace) -> int:
     """The documents' part of the sync through Dagster, as the `documents_sync` job runs it."""
     from cli import log as cli_log
-    from cli.output import alert_lines, format_table
+    from cli.output import alert_lines, format_table, tell
     from pipelines import home
     from pipelines.runner import sync_documents
 
@@ -172,6 +172,7 @@ def sync(args: argparse.Namespace) -> int:
             content=args.content,
             instance=instance,
             log_level="WARNING" if args.verbose else "CRITICAL",  # the full story: the log
+            say=tell,
         )
         cli_log.write_run(instance, run.run_id, log, succeeded=run.success)
     if not run.success:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,11 @@ from warehouse.figures import Figure
 if TYPE_CHECKING:
     from pipelines.webhook import Delivery
     from warehouse.load import EntityStatus
+
+
+def tell(line: str) -> None:
+    """A line for the operator while a command works: that it waits, what it found."""
+    print(f"clinical-sync: {line}", file=sys.stderr, flush=True)
 
 
 def status_text(states: Sequence[EntityStatus]) -> str:

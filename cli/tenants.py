@@ -338,9 +338,11 @@ def _runs_table(runs: Sequence[TenantRun]) -> str:
 def status_tenants(names: Sequence[str], as_json: bool = False) -> int:
     """Each named tenant's warehouse, as `status` shows one customer's; `--json`: a list of
     the one-customer objects, each naming its tenant."""
+    from cli.commands import end_orphans_of
     from warehouse.load import status as warehouse_status
 
     found = configured()
+    end_orphans_of(None, found.path)
     worst = EXACT
     shown: list[dict[str, object]] = []
     for name in names or found.names:

@@ -15,8 +15,6 @@ from typing import Any
 
 from dagster import (
     AssetChecksDefinition,
-    AssetCheckSeverity,
-    AssetExecutionContext,
     AssetIn,
     AssetKey,
     AssetOut,
@@ -38,7 +36,7 @@ from connectors.clinical_records.catalogue import (
     Strategy,
 )
 from connectors.clinical_records.client import ClinicalClient
-from pipelines import checks
+from pipelines import checks, run_record
 from pipelines.documents_asset import build_content_asset
 from pipelines.exactness_asset import build_exactness_asset
 from pipelines.keys import (
@@ -80,12 +78,13 @@ from sync.state import (
     covered_since,
 )
 from sync.strategy import Mode
-from warehouse import ops
+from warehouse import ledger
 from warehouse.ddl import ANALYTICS
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import LoadResult, SetResult, Warehouse
 from warehouse.models import Model, models
 from warehouse.publish import publish
+from warehouse.writer import writing
 
 # The client's counters (`Counters`, as `Extraction.stats` holds them) as the UI plots them.
 API_FIGURES: dict[str, Figure] = {
@@ -165,12 +164,6 @@ def _log_reconciliation(log: Any, extraction: Extraction) -> None:
         log.warning(f"{line}; {r.unconfirmed} records counted before the read were not found")
     else:
         log.info(line + (f"; {r.blind}" if r.blind else ""))
-
-
-def _selected_entities(context: AssetExecutionContext) -> list[str]:
-    selection = context.run.asset_selection or context.job_def.asset_layer.selected_asset_keys
-    tables = {key.path[-1] for key in selection if key.path[0] in (LAKE_GROUP, CLINICAL_GROUP)}
-    return [e.name for e in ALL_ENTITIES if e.table in tables]
 
 
 def build_extract_asset(
@@ -314,7 +307,7 @@ def build_load_asset(
                 stale=extraction.reconciliation.stale,
             )
             results = checks.table_check_results(
-                count, ops.run_unfit(wh.con, entity.name, extraction.run_id)
+                count, ledger.run_unfit(wh.con, entity.name, extraction.run_id)
             )
             results.append(
                 checks.reconciled_result(extraction.reconciliation, extraction.mode is Mode.SKIP)
@@ -326,21 +319,15 @@ def build_load_asset(
                 extraction.mode.value,
                 count.live,
                 extraction.reconciliation.unreconciled,
-                failed_checks=checks.failed_names(results, AssetCheckSeverity.ERROR),
-                warned_checks=checks.failed_names(results, AssetCheckSeverity.WARN),
                 staleness_hours=None if hours is None else staleness,
             )
-            with wh.transaction():  # the run's figures and how the set ended, together
-                wh.add_to_run(
+            with wh.transaction():  # the set's figures and its checks, together
+                wh.record_set_result(
                     context.run.run_id,
-                    _selected_entities(context),
-                    result,
-                    full_snapshot=sync_options.full,
-                    reconciled=run_figures(extraction.reconciliation),
-                    staleness_hours=staleness,
-                    started_at=run_started_at(context.instance, context.run.run_id),
+                    ended,
+                    {**vars(result), **run_figures(extraction.reconciliation)},
                 )
-                wh.record_set_result(context.run.run_id, ended)
+                checks.record(wh.con, context.run.run_id, entity.name, results)
             watermark = wh.watermark(entity)
         yield MaterializeResult(
             metadata=keyed_by_text(
@@ -414,7 +401,8 @@ def build_publish_asset(
 ) -> AssetsDefinition:
     """`published/warehouse`, downstream of every step that writes the warehouse: it runs
     when they all succeeded (a failed or skipped one skips it), so a failed run publishes
-    nothing. Alone in the `warehouse` pool, like every step that writes DuckDB."""
+    nothing. Alone in the `warehouse` pool, like every step that writes DuckDB. The run's
+    last write: it records the run's ending, `success`, in the copy it publishes."""
     keys = [k for u in upstream for k in _keys(u)]
 
     @asset(
@@ -430,12 +418,21 @@ def build_publish_asset(
             "committed it, published atomically; open connections keep the previous one"
         ),
     )
-    def published_warehouse(context, warehouse: WarehouseAccess) -> MaterializeResult:
+    def published_warehouse(
+        context,
+        warehouse: WarehouseAccess,
+        lake: LakeAccess,
+        sync_options: SyncOptionsResource,
+    ) -> MaterializeResult:
         enter(Phase.PUBLISH)
         tenant = tenant_of(context)
-        done = publish(
-            warehouse.working(tenant), warehouse.published(tenant), wait=LOCK_WAIT_SECONDS
-        )
+        work = warehouse.working(tenant)
+        place = run_record.Place(warehouse.published(tenant), lake.root_of(tenant))
+        with (
+            writing(work, wait=LOCK_WAIT_SECONDS),  # the run's row and its publication
+            run_record.finishing(context, place, full=sync_options.full),
+        ):
+            done = publish(work, warehouse.published(tenant), wait=LOCK_WAIT_SECONDS)
         context.log.info(f"published {done.path} ({done.bytes:,} bytes) in {done.seconds} s")
         return MaterializeResult(
             metadata={

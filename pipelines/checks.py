@@ -1,11 +1,13 @@
 """Data-quality checks on the clinical tables: Dagster check results over the SQL of
-`warehouse/quality.py` and `warehouse/ops.py`.
+`warehouse/quality.py` and `warehouse/ledger.py`.
 
 The load asset runs the checks of its own table (the count against the source at the run's
 last look, reconciliation, what was set aside, staleness); each table's references are one
 check, all of them in one step of their own after the tables they read are loaded, at WARN,
-since the source has dangling references. Freshness is Dagster's own policy on each table,
-which the instance's daemon evaluates (no sensor, no check step).
+since the source has dangling references. Every step that evaluates checks records their
+results as it yields them (`record`: ops.set_results, which `status` and
+analytics.sync_health read). Freshness is Dagster's own policy on each table, which the
+instance's daemon evaluates (no sensor, no check step).
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ from dagster import (
     multi_asset_check,
 )
 
-from connectors.clinical_records.catalogue import BY_NAME, EntitySet, Navigation
+from connectors.clinical_records.catalogue import BY_NAME, BY_TABLE, EntitySet, Navigation
 from pipelines.keys import table_key
 from pipelines.partitions import tenant_of
 from pipelines.resources import WarehouseAccess
 from sync.budget import needs_whole, staleness_figure
 from sync.reconcile import Reconciliation
 from sync.state import LOCK_WAIT_SECONDS
-from warehouse import ops, quality
+from warehouse import ledger, quality, runs
 from warehouse.figures import Figure, keyed_by_text
 from warehouse.load import Warehouse
 
@@ -119,6 +121,18 @@ def failed_names(results: Iterable[Any], severity: AssetCheckSeverity) -> tuple[
     return tuple(str(r.check_name) for r in failing(results, severity))
 
 
+def record(
+    con: duckdb.DuckDBPyConnection, run_id: str, entity: str, results: Iterable[AssetCheckResult]
+) -> None:
+    """Check results of `entity` as they were evaluated, WARN and ERROR alike, into its
+    set's result of the run: the one way a step records checks (`runs.record_checks`)."""
+    outcomes = [
+        (str(r.check_name), r.passed, _severity(r) == AssetCheckSeverity.ERROR.value)
+        for r in results
+    ]
+    runs.record_checks(con, run_id, entity, outcomes)
+
+
 def _severity(result: Any) -> str:
     """A result's severity as its name: an enum in a result, a string in an outcome."""
     return getattr(result.severity, "value", result.severity)
@@ -182,7 +196,7 @@ class SourceCount:
         return cls(
             source,
             quality.live_rows(con, entity),
-            ops.run_rejects(con, entity.name, run_id),
+            ledger.run_rejects(con, entity.name, run_id),
             quality.duplicate_keys(con, entity),
             stale,
         )
@@ -287,9 +301,11 @@ def references_by_table() -> dict[EntitySet, list[Reference]]:
 
 def reference_checks() -> AssetChecksDefinition:
     """One reference check per table (`references_found`, WARN: the source has dangling
-    references), all in one step after the tables they read: one read-only opening of the
-    working copy, and one step's events (a run's CPU goes mostly to Dagster's bookkeeping per
-    step and per check: ten tenants at once on one machine pay it ten times)."""
+    references), all in one step after the tables they read: one opening of the working
+    copy, which records the results, and one step's events (a run's CPU goes mostly to
+    Dagster's bookkeeping per step and per check: ten tenants at once on one machine pay it
+    ten times). Blocking (a WARN blocks nothing): the steps downstream of the tables, the
+    publication among them, wait for it, so the copy published holds what it found."""
     by_table = references_by_table()
     specs = [
         AssetCheckSpec(
@@ -306,6 +322,7 @@ def reference_checks() -> AssetChecksDefinition:
                     for ref in refs
                 )
             ),
+            blocking=True,
         )
         for source, refs in by_table.items()
     ]
@@ -314,9 +331,12 @@ def reference_checks() -> AssetChecksDefinition:
     @multi_asset_check(specs=specs, name="references", can_subset=True)
     def check(context, warehouse: WarehouseAccess) -> Iterator[AssetCheckResult]:
         working = warehouse.working(tenant_of(context))
-        with Warehouse(working, read_only=True, wait=LOCK_WAIT_SECONDS) as wh:
+        with Warehouse(working, wait=LOCK_WAIT_SECONDS) as wh:
             for key in sorted(context.selected_asset_check_keys, key=str):
-                yield references_result(wh.con, key.asset_key, tables[key.asset_key])
+                result = references_result(wh.con, key.asset_key, tables[key.asset_key])
+                entity = BY_TABLE[key.asset_key.path[-1]].name
+                record(wh.con, context.run.run_id, entity, [result])
+                yield result
 
     return check
 

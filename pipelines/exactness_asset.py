@@ -33,7 +33,7 @@ from sync.extract import LakeBatches
 from sync.phase import Phase, enter
 from sync.settle import RunJournal, Settlement, settle
 from sync.state import LOCK_WAIT_SECONDS, CommittedState
-from warehouse import ops
+from warehouse import runs
 from warehouse.load import Warehouse
 
 
@@ -99,8 +99,8 @@ def build_exactness_asset(partitions_def: PartitionsDefinition | None = None) ->
                         watermark=extraction.watermark,
                     )
             with wh.transaction():
-                for name, later in found.unsettled.items():
-                    ops.mark_unsettled(wh.con, run_id, name, later, SETTLED)
+                for name in found.unsettled:
+                    runs.mark_unsettled(wh.con, run_id, name, SETTLED)
         the_lake.drop_journals()
         yield MaterializeResult(metadata=_figures(run, found, sent))
         yield _check(run, found)

@@ -128,6 +128,18 @@ def default_dagster_home(warehouse: str | Path) -> Path:
     return Path(warehouse).resolve().with_suffix(".dagster")
 
 
+def made_dagster_home(warehouse: str | Path | None = None) -> Path | None:
+    """The Dagster home `dagster_home` would give, when a command has made it; creates
+    nothing (`status` looks for runs there only where a sync ran)."""
+    chosen = os.environ.get("DAGSTER_HOME")
+    found = (
+        Path(chosen)
+        if chosen
+        else default_dagster_home(warehouse or tenants_file() or warehouse_path())
+    )
+    return found if (found / "dagster.yaml").exists() else None
+
+
 def dagster_home(warehouse: str | Path | None = None, *, refresh: bool = False) -> Path:
     """DAGSTER_HOME, else the warehouse's own home; made absolute, created, with our
     dagster.yaml (`instance_settings`), and exported so that Dagster (and `dagster dev`'s

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -30,7 +30,7 @@ from pipelines.alerts import conclude
 from pipelines.assets import build_reference_checks, build_sync_assets
 from pipelines.documents_asset import CONTENT_KEY, CONTENT_OP
 from pipelines.keys import lake_key, table_key
-from pipelines.liveness import release_orphans, run_started_at, run_tags
+from pipelines.liveness import run_tags
 from pipelines.partitions import TENANT_DIMENSION, TENANTS
 from pipelines.resources import (
     LakeResource,
@@ -38,21 +38,26 @@ from pipelines.resources import (
     SyncOptionsResource,
     WarehouseResource,
 )
-from pipelines.run_failures import first_failure, mark_failed, root_failures
+from pipelines.run_record import Place, end_orphans, failed
 from pipelines.tenants import Tenant
 from pipelines.verdict import (
     CheckOutcome,
     Verdict,
     check_outcomes,
-    died,
+    first_failure,
     kind_and_reason,
+    root_failures,
     set_figures,
     values,
     verdict,
 )
 from pipelines.webhook import Delivery, Webhook, webhook_from_env
 from sync.budget import BUDGET_VARIABLE, parse_budget
+from sync.state import LOCK_WAIT_SECONDS
 from warehouse.figures import Figure
+from warehouse.publish import working_path
+from warehouse.source_guard import refuse_another_source
+from warehouse.writer import writing
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +251,7 @@ def sync(
     tenant: Tenant | None = None,
     checked: Checked | None = None,
     read_rotation: int = 0,
+    say: Callable[[str], object] = log.warning,
 ) -> SyncReport:
     """Materialize the selected assets (and their checks) once; return what each set did.
     With `tenant`, its partition of the tenant-partitioned assets (its lake and warehouse).
@@ -253,7 +259,10 @@ def sync(
     (`pipelines/alerts.py`: this process concludes the runs it executes). `checked`: what
     `check_configuration` answered, when the caller checked the configuration first.
     `read_rotation`: the family its reads start at (`sync --all-tenants`: each tenant its
-    place in the file)."""
+    place in the file). The run holds the warehouse's writer lock from before its first
+    step to its row in ops.sync_runs (`say` hears that it waits for another writer), and is
+    refused before any step and any request (SourceMismatch, WarehouseLocked) when the
+    warehouse or lake holds another source's data or another writer keeps it past the wait."""
     options: dict[str, object] = {"full": full, "force_source": force_source}
     if backfill_from is not None:
         options["backfill_from"] = backfill_from.isoformat()
@@ -262,24 +271,9 @@ def sync(
     checked = checked or check_configuration(env, tenant)
     webhook = checked.webhook
     resources = resources_from_env(env, lake_root, warehouse_path, tenant, checked, **options)
-    if tenant is not None:
-        instance = instance or DagsterInstance.ephemeral()
-        if tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
-            instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
-    if instance is not None:
-        for run_id in release_orphans(instance):
-            log.warning("run %s had died without finishing: marked failed, slots freed", run_id)
-            orphan = instance.get_run_by_id(run_id)
-            job_name = orphan.job_name if orphan is not None else "?"
-            ending = died(run_id, job_name, "its clinical-sync process ended without finishing")
-            conclude(
-                ending,
-                warehouse=warehouse_path,
-                webhook=webhook,
-                instance=instance,
-                tenant=tenant.name if tenant else None,
-            )
-    started = time.monotonic()
+    instance = instance or DagsterInstance.ephemeral()
+    if tenant is not None and tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
+        instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
     job = (
         keys.BACKFILL_JOB
         if backfill_from is not None
@@ -287,30 +281,44 @@ def sync(
         if full
         else keys.NIGHTLY_JOB
     )
-    result = _materialize(
-        job,
-        sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
-        resources,
-        log_level=log_level,
-        instance=instance,
-        tags=tags or {},
-        selection=selection(resolve(only)),
-        partition_key=tenant.name if tenant else None,
-    )
-    report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
-    loaded = set_figures(result.all_events)
-    report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
-    report.checks = check_outcomes(result.all_events)
-    # marked against the run's source: a tenant's, as checked (its credentials not read again)
-    report.failure = _failure(result, warehouse_path, checked.environment, instance)
-    failures = root_failures(result.all_events)
-    report.failed_steps = [step for step, _ in failures]
-    if failures:
-        report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
-    report.verdict, report.alert = _conclude(
-        result, job, warehouse_path, webhook, instance, tenant.name if tenant else None
-    )
+    place = _place(checked, lake_root, warehouse_path, tenant)
+    with writing(
+        working_path(warehouse_path), wait=LOCK_WAIT_SECONDS, what=f"clinical-sync {job}", say=say
+    ):
+        if not force_source and place.source is not None:
+            refuse_another_source(warehouse_path, lake_root, *place.source)
+        end_orphans(instance, place, tenant.file if tenant else None, webhook, say=say)
+        started = time.monotonic()
+        result = _materialize(
+            job,
+            sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
+            resources,
+            log_level=log_level,
+            instance=instance,
+            tags=tags or {},
+            selection=selection(resolve(only)),
+            partition_key=tenant.name if tenant else None,
+        )
+        report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
+        loaded = set_figures(result.all_events)
+        report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
+        report.checks = check_outcomes(result.all_events)
+        report.failure = _failure(result, place, instance)
+        failures = root_failures(result.all_events)
+        report.failed_steps = [step for step, _ in failures]
+        if failures:
+            report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
+        report.verdict, report.alert = _conclude(
+            result, job, warehouse_path, webhook, instance, tenant.name if tenant else None
+        )
     return report
+
+
+def _place(checked: Checked, lake_root: str, warehouse_path: str, tenant: Tenant | None) -> Place:
+    """Where this run writes, and the source it reads, as checked (a tenant's credentials
+    are not read again)."""
+    source = (checked.settings.base_url, checked.settings.customer)
+    return Place(warehouse_path, lake_root, source, tenant.name if tenant else None)
 
 
 def _conclude(
@@ -349,30 +357,43 @@ def sync_documents(
     content: bool = False,
     instance: DagsterInstance | None = None,
     log_level: str = "INFO",
+    say: Callable[[str], object] = log.warning,
 ) -> DocumentsRun:
     """The `documents_sync` job once: the documents read in the patients' pages, loaded, their
-    files fetched when `content`, published."""
+    files fetched when `content`, published; the warehouse's writer lock held throughout
+    and another source refused before any step, as `sync` does."""
     checked = check_configuration(env)
     webhook = checked.webhook
-    result = _materialize(
-        keys.DOCUMENTS_JOB,
-        build_sync_assets(),
-        resources_from_env(env, lake_root, warehouse_path, checked=checked, full=full),
-        log_level=log_level,
-        instance=instance,
-        tags={"clinical-sync/command": "documents sync"},
-        selection=AssetSelection.assets(
-            lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
-        ),
-        ops={CONTENT_OP: {"config": {"download_content": content}}},
-    )
-    figures: dict[str, object] = {}
-    for event in result.get_asset_materialization_events():
-        figures.update(values(event.materialization.metadata))
-    failure = _failure(result, warehouse_path, env, instance)
-    ending, delivery = _conclude(
-        result, keys.DOCUMENTS_JOB, warehouse_path, webhook, instance, None
-    )
+    instance = instance or DagsterInstance.ephemeral()
+    place = _place(checked, lake_root, warehouse_path, None)
+    with writing(
+        working_path(warehouse_path),
+        wait=LOCK_WAIT_SECONDS,
+        what="clinical-sync documents sync",
+        say=say,
+    ):
+        if place.source is not None:
+            refuse_another_source(warehouse_path, lake_root, *place.source)
+        end_orphans(instance, place, None, webhook, say=say)
+        result = _materialize(
+            keys.DOCUMENTS_JOB,
+            build_sync_assets(),
+            resources_from_env(env, lake_root, warehouse_path, checked=checked, full=full),
+            log_level=log_level,
+            instance=instance,
+            tags={"clinical-sync/command": "documents sync"},
+            selection=AssetSelection.assets(
+                lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
+            ),
+            ops={CONTENT_OP: {"config": {"download_content": content}}},
+        )
+        figures: dict[str, object] = {}
+        for event in result.get_asset_materialization_events():
+            figures.update(values(event.materialization.metadata))
+        failure = _failure(result, place, instance)
+        ending, delivery = _conclude(
+            result, keys.DOCUMENTS_JOB, warehouse_path, webhook, instance, None
+        )
     return DocumentsRun(result.run_id, result.success, figures, failure, ending, delivery)
 
 
@@ -407,13 +428,10 @@ def _materialize(
     )
 
 
-def _failure(
-    result: Any, warehouse_path: str, env: Mapping[str, str], instance: DagsterInstance | None
-) -> str | None:
-    """A failed run's first error, marked in ops.sync_runs as the sensor marks UI runs."""
+def _failure(result: Any, place: Place, instance: DagsterInstance) -> str | None:
+    """A failed run's first error, recorded in ops.sync_runs as the sensor records UI runs."""
     if result.success:
         return None
     failure = first_failure(result.all_events)
-    started = run_started_at(instance, result.run_id) if instance is not None else None
-    mark_failed(warehouse_path, result.run_id, failure, env, started)
+    failed(instance, result.run_id, place, failure)
     return failure

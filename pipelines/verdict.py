@@ -27,7 +27,6 @@ from connectors.clinical_records.errors import ClinicalApiError
 from pipelines import checks
 from pipelines.checks import SETTLED, UNSETTLED
 from pipelines.keys import CLINICAL_GROUP
-from pipelines.run_failures import root_failures
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.figures import Figure
 
@@ -168,6 +167,25 @@ def verdict_of_run(instance: DagsterInstance, run: Any) -> Verdict:
         if entry.dagster_event is not None
     ]
     return verdict(run.run_id, run.job_name, run.status == DagsterRunStatus.SUCCESS, events)
+
+
+def root_failures(events) -> list[tuple[str, Any]]:
+    """Each failed step with the error underneath Dagster's wrapper (ours, without PHI)."""
+    found = []
+    for event in events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            error = event.step_failure_data.error
+            while error.cause is not None:  # Dagster's wrapper first, our error underneath
+                error = error.cause
+            found.append((event.step_key, error))
+    return found
+
+
+def first_failure(events) -> str:
+    """The first step failure's message (the connector's errors carry no PHI)."""
+    for step_key, error in root_failures(events):
+        return f"{step_key}: {error.message.strip()}"
+    return "the run failed"
 
 
 def died(run_id: str, job: str, why: str) -> Verdict:

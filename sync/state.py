@@ -17,7 +17,7 @@ from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
 from sync.budget import Coverage
 from sync.reconcile import held_from
 from sync.strategy import SyncState
-from warehouse import ops
+from warehouse import ledger, ops
 from warehouse.ddl import CLINICAL
 from warehouse.ident import qualified, quote
 from warehouse.load import Warehouse
@@ -76,7 +76,7 @@ class CommittedState:
         rejected: list[Any] = []
         if self._wh is not None:
             with contextlib.suppress(duckdb.CatalogException):
-                rejected = ops.rejected_keys(self._wh.con, entity.name, REJECT)
+                rejected = ledger.rejected_keys(self._wh.con, entity.name, REJECT)
         return held_from(entity, [*keys, *rejected])
 
     def parents(self, entity: EntitySet, reference: str) -> dict[Any, Any]:

@@ -42,7 +42,7 @@ def test_slots_of_dead_cli_runs_are_freed_and_live_ones_kept(tmp_path, monkeypat
         for run in (dead, live):
             assert storage.claim_concurrency_slot(API_POOL, run.run_id, "step").is_claimed
 
-        assert release_orphans(instance) == ["dead-run"]
+        assert [orphan.run.run_id for orphan in release_orphans(instance)] == ["dead-run"]
         claimed = {s.run_id for s in storage.get_concurrency_info(API_POOL).claimed_slots}
         assert claimed == {"live-run"}
         assert instance.get_run_by_id("dead-run").status is DagsterRunStatus.FAILURE

@@ -42,7 +42,7 @@ def test_an_impossible_date_among_good_ones_is_kept_raw_and_the_rest_converted()
     assert batch.table.column("date_of_service").to_pylist() == [date(2024, 2, 29), None, None]
 
 
-def test_a_key_twice_in_one_batch_keeps_the_newest_version(harness):
+def test_a_key_twice_in_one_batch_keeps_the_newest_current_and_both_in_history(harness):
     pages = [
         record(CLAIMS, 1, total_claim_amount="5", updated_at="2026-02-05"),
         record(CLAIMS, 1, total_claim_amount="4", updated_at="2026-02-01"),
@@ -50,10 +50,13 @@ def test_a_key_twice_in_one_batch_keeps_the_newest_version(harness):
         record(CLAIMS, 2, total_claim_amount="8", updated_at="2026-02-01"),  # later row wins
     ]
     result = harness.sync(CLAIMS, pages)
-    assert (result.inserted, result.fetched) == (2, 4)
+    assert (result.inserted, result.updated, result.fetched) == (2, 2, 4)
     rows = harness.rows('SELECT "id", "total_claim_amount"::INTEGER FROM "clinical"."claims"')
     assert sorted(rows) == [(1, 5), (2, 8)]
-    assert harness.rows('SELECT count(*) FROM "history"."claims"') == [(2,)]
+    history = harness.rows(
+        'SELECT "id", "total_claim_amount"::INTEGER, "_valid_to" IS NULL FROM "history"."claims"'
+    )
+    assert sorted(history) == [(1, 4, False), (1, 5, True), (2, 7, False), (2, 8, True)]
 
 
 def test_a_change_only_in_unknown_fields_is_a_new_version(harness):

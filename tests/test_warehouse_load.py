@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -19,10 +20,11 @@ from connectors.clinical_records.catalogue import (
     f,
 )
 from tests.warehouse_records import Harness, record
-from warehouse import ops
+from warehouse import ledger
 from warehouse.lake import Lake
 from warehouse.load import SourceMismatch, Warehouse, WarehouseLocked, status
 from warehouse.normalise import REJECT
+from warehouse.runs import KILLED, SUCCESS, RunEnding, SetResult
 
 EVERYTHING = """
     SELECT * EXCLUDE ("_extras"), "_extras"::VARCHAR FROM "clinical"."{t}" ORDER BY ALL
@@ -262,25 +264,39 @@ with Warehouse(sys.argv[1]):
     print("holding", flush=True)
     time.sleep(float(sys.argv[2]))
 """
+PROGRAM = """
+import sys, time, duckdb
+with duckdb.connect(sys.argv[1]):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
 
 
-def test_a_locked_warehouse_gives_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(HOLDER, "being written by process {pid} "), (PROGRAM, "held by process {pid} ")],
+    ids=["a-writer", "a-program"],
+)
+def test_a_locked_warehouse_gives_a_clear_error(tmp_path, code, said):
+    """Another writer holds the writer lock (warehouse/writer.py); a program that opened the
+    file itself, DuckDB's: either is named, and a writer that may wait gets it after."""
     path = tmp_path / "locked.duckdb"
     with Warehouse(path) as wh:
         wh.ensure_schema()
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(HOLDER), str(path), "2"],
+        [sys.executable, "-c", textwrap.dedent(code), str(path), "2"],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(WarehouseLocked, match=f"held by process {holder.pid} ") as err:
+        with pytest.raises(WarehouseLocked, match=said.format(pid=holder.pid)) as err:
             Warehouse(path).open()
         assert str(path) in str(err.value)
-        assert "WAREHOUSE_PATH read-only" in str(err.value)  # what to do instead
-        with pytest.raises(WarehouseLocked):
-            status(path)
+        if code == PROGRAM:
+            assert "WAREHOUSE_PATH read-only" in str(err.value)  # what to do instead
+            with pytest.raises(WarehouseLocked):
+                status(path)
         with Warehouse(path, wait=30) as wh:  # waits for the holder to finish
             assert wh.watermark("Claims") is None
     finally:
@@ -329,7 +345,7 @@ def counted(harness) -> tuple[int, int]:
 
 def rejected_keys(harness) -> set:
     """The keys reconciliation counts as held though rejected (sync/state.py)."""
-    return set(ops.rejected_keys(harness.wh.con, "Claims", REJECT))
+    return set(ledger.rejected_keys(harness.wh.con, "Claims", REJECT))
 
 
 def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_rest(harness):
@@ -354,35 +370,36 @@ def test_a_note_whose_key_a_later_read_loads_is_history_and_status_counts_the_re
 
 
 def test_resolve_notes_stages_what_was_sent_itself_and_leaves_nothing_behind(harness):
-    """ops.resolve_notes owns its `_sent`: made from the caller's SELECT, dropped after; with
+    """ledger.resolve_notes owns its `_sent`: made from the caller's SELECT, dropped after; with
     no note open the SELECT (a load's read of every batch's keys) is not run at all."""
     harness.sync(CLAIMS, [record(CLAIMS, 6, uncollected="1e5")])
     con = harness.wh.con
     sent = 'SELECT ? AS "key", now() AS "extracted_at", \'run-x\' AS "run_id"'
-    ops.resolve_notes(con, "Claims", sent, ["6"])
+    ledger.resolve_notes(con, "Claims", sent, ["6"])
     assert notes(harness, "unfit") == [("6", "run-001", "run-x")]
     staged = "SELECT count(*) FROM duckdb_tables() WHERE table_name = '_sent'"
     assert con.execute(staged).fetchone() == (0,)
-    ops.resolve_notes(con, "Claims", "SELECT * FROM no_such_table")  # nothing open: not run
+    ledger.resolve_notes(con, "Claims", "SELECT * FROM no_such_table")  # nothing open: not run
 
 
-def test_runs_are_recorded(harness):
-    harness.wh.record_run("r1", ["Claims"], full_snapshot=True)
-    result = harness.sync(CLAIMS, [record(CLAIMS, 1)])
-    harness.wh.finish_run("r1", "success", {"Claims": result})
+def test_a_run_is_recorded_once_from_how_it_ended_with_its_sets_sums(harness):
+    started = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+    for entity, records in (
+        (CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)]),
+        (PATIENTS, [record(PATIENTS, 7)]),
+    ):
+        loaded = harness.sync(entity, records)
+        with harness.wh.transaction():
+            result = SetResult(entity.name, "snapshot", len(records), 0)
+            harness.wh.record_set_result("r2", result, vars(loaded))
+    assert harness.rows('SELECT count(*) FROM "ops"."sync_runs"') == [(0,)]  # loads: no verdict
+    ending = RunEnding("r2", SUCCESS, started, entities=("Claims",), full_snapshot=True)
+    assert harness.wh.end_run(ending)
+    assert not harness.wh.end_run(RunEnding("r2", KILLED, started))  # the first ending stands
     assert harness.rows(
-        'SELECT "status", "inserted", "finished_at" >= "started_at" FROM "ops"."sync_runs"'
-    ) == [("success", 1, True)]
-
-
-def test_a_run_of_several_loads_keeps_one_row_with_every_set_and_the_sums(harness):
-    claims = harness.sync(CLAIMS, [record(CLAIMS, 1), record(CLAIMS, 2)])
-    harness.wh.add_to_run("r2", ["Claims"], claims, full_snapshot=True)
-    patients = harness.sync(PATIENTS, [record(PATIENTS, 7)])
-    harness.wh.add_to_run("r2", ["Claims", "Patients"], patients)
-    assert harness.rows(
-        'SELECT "status", "entities", "full_snapshot", "fetched", "inserted" FROM "ops"."sync_runs"'
-    ) == [("success", ["Claims", "Patients"], True, 3, 3)]
+        'SELECT "status", "entities", "full_snapshot", "fetched", "inserted", "exact", '
+        '"started_at", "finished_at" >= "started_at" FROM "ops"."sync_runs"'
+    ) == [("success", ["Claims", "Patients"], True, 3, 3, True, started, True)]
 
 
 def test_canonical_types_of_the_catalogue_are_the_table_types(harness):
@@ -398,7 +415,9 @@ def test_canonical_types_of_the_catalogue_are_the_table_types(harness):
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["into-empty", "into-held"])
-def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
+def test_versions_of_a_key_across_batches_keep_the_newest_current_and_all_in_history(
+    tmp_path, held
+):
     h = Harness(tmp_path)
     if held:  # the same load merging into rows already there, not a fresh insert
         h.sync(CLAIMS, [record(CLAIMS, 1, total_claim_amount="0.5", updated_at="2025-12-01")])
@@ -412,7 +431,9 @@ def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
     state = h.rows(
         'SELECT "id", "total_claim_amount", "_deleted_at" FROM "clinical"."claims" ORDER BY 1'
     )
-    versions = h.rows('SELECT count(*) FROM "history"."claims" WHERE "id" = 1')
+    versions = h.rows(
+        'SELECT "total_claim_amount" FROM "history"."claims" WHERE "id" = 1 ORDER BY "updated_at"'
+    )
     h.close()
     assert [(key, amount) for key, amount, _ in state] == [
         (1, Decimal("2")),
@@ -421,9 +442,10 @@ def test_versions_of_a_key_across_batches_keep_the_newest(tmp_path, held):
     ]
     assert all(deleted is None for _, _, deleted in state)
     assert (result.inserted, result.updated, result.soft_deleted) == (
-        (2, 1, 0) if held else (3, 0, 0)
+        (2, 3, 0) if held else (3, 2, 0)
     )
-    assert versions == [(2 if held else 1,)]
+    every = [Decimal("3"), Decimal("1"), Decimal("2")]  # by updated_at, oldest first
+    assert [v for (v,) in versions] == ([Decimal("0.5")] if held else []) + every
 
 
 def test_history_is_the_superseded_versions_and_the_current_rows(harness):

@@ -31,12 +31,19 @@ class Version:
     cursor: date | None
     amount: str
     extracted: datetime
-    deleted: datetime | None = None
+    deleted: datetime | None = None  # a superseded version: when it ended
+
+
+def position(v: Version) -> tuple:
+    """A version's place among its key's versions: cursor (a missing one first), then
+    extraction time (`merge.NEWER`)."""
+    return (v.cursor is not None, v.cursor or date.min, v.extracted)
 
 
 class Model:
-    """The merge's rules in plain Python: newest version per key in the load, then compared
-    with the current row by cursor (or extraction time when a cursor is missing or equal)."""
+    """The merge's rules in plain Python: every version of a key in the load, oldest first
+    (cursor, nulls first, extraction time, batch, row), each compared with the current row:
+    a newer one replaces it, an older one is placed among the versions held."""
 
     def __init__(self) -> None:
         self.current: dict[int, Version] = {}
@@ -44,49 +51,88 @@ class Model:
         self.snapshots: list[datetime] = []  # when each snapshot loaded so far was extracted
 
     def load(self, batches: list[tuple[datetime, list[Row]]], snapshot: bool) -> LoadResult:
-        # Per key, the newest version by the load's tie-break: cursor (nulls last),
-        # extraction time, batch, row.
-        newest: dict[int, tuple[tuple, Version]] = {}
+        versions: dict[int, list[tuple[tuple, Version]]] = {}
         ordered = sorted(batches, key=lambda b: b[0])
         for order, (extracted, rows) in enumerate(ordered):
             for row_number, (key, cursor, amount) in enumerate(rows):
                 rank = (cursor is not None, cursor or date.min, extracted, order, row_number)
-                if key not in newest or rank > newest[key][0]:
-                    newest[key] = (rank, Version(cursor, amount, extracted))
+                versions.setdefault(key, []).append((rank, Version(cursor, amount, extracted)))
         counts = dict.fromkeys(("inserted", "updated", "unchanged", "resurrected"), 0)
-        for key, (_, new) in newest.items():
-            held = self.current.get(key)
-            if held is None:
-                # A snapshot loaded before but extracted after the version missed the record.
-                counts["inserted"] += 1
-                missed = min((at for at in self.snapshots if at >= new.extracted), default=None)
-                self.current[key] = replace(new, deleted=missed)
-                continue
-            if new.cursor and held.cursor and new.cursor != held.cursor:
-                newer = new.cursor > held.cursor
-            else:
-                newer = new.extracted >= held.extracted
-            back = held.deleted is not None and new.extracted > held.deleted
-            same = (new.cursor, new.amount) == (held.cursor, held.amount)
-            if not newer or (same and not back):
-                counts["unchanged"] += 1
-                continue
-            counts["resurrected" if back else "updated"] += 1
-            # A version extracted before the deletion was seen replaces the content of a
-            # record that stays deleted; one extracted after it brings the record back.
-            closed = held.deleted if back else new.extracted
-            self.superseded.append((key, held.cursor, held.amount, held.extracted, closed))
-            self.current[key] = new if back else replace(new, deleted=held.deleted)
+        for key, seen in versions.items():
+            for _, new in sorted(seen, key=lambda pair: pair[0]):
+                counts[self._apply(key, new)] += 1
         deleted = 0
         if snapshot:
             at = max(extracted for extracted, _ in batches)
             for key, held in self.current.items():
-                if key not in newest and held.deleted is None and held.extracted <= at:
+                later = held.deleted is None or held.deleted > at  # a later snapshot's, first
+                if key not in versions and later and held.extracted <= at:
                     self.current[key] = replace(held, deleted=at)
                     deleted += 1
             self.snapshots.append(at)
         fetched = sum(len(rows) for _, rows in batches)
         return LoadResult(fetched=fetched, soft_deleted=deleted, **counts)
+
+    def _apply(self, key: int, new: Version) -> str:
+        held = self.current.get(key)
+        if held is None:
+            # A snapshot loaded before but extracted after the version missed the record.
+            self.current[key] = replace(new, deleted=self._missed(new))
+            return "inserted"
+        if position(new) < position(held):
+            self._place(key, new)
+            return "unchanged"
+        back = held.deleted is not None and new.extracted > held.deleted
+        same = (new.cursor, new.amount) == (held.cursor, held.amount)
+        if same and not back:
+            return "unchanged"
+        # A version extracted before the deletion was seen replaces the content of a
+        # record that stays deleted; one extracted after it brings the record back.
+        closed = min(held.deleted, new.extracted) if held.deleted else new.extracted
+        self.superseded.append((key, held.cursor, held.amount, held.extracted, closed))
+        self.current[key] = new if back else replace(new, deleted=held.deleted)
+        return "resurrected" if back else "updated"
+
+    def _missed(self, new: Version) -> datetime | None:
+        return min((at for at in self.snapshots if at >= new.extracted), default=None)
+
+    def _place(self, key: int, new: Version) -> None:
+        """An older version among the key's versions held (warehouse/history.py)."""
+        mine = [i for i, row in enumerate(self.superseded) if row[0] == key]
+        chain = [
+            (Version(c, a, since, until), i)
+            for i in mine
+            for _, c, a, since, until in [self.superseded[i]]
+        ]
+        chain.append((self.current[key], None))
+        chain.sort(key=lambda pair: position(pair[0]))
+        before = [pair for pair in chain if position(pair[0]) <= position(new)]
+        after = [pair for pair in chain if position(pair[0]) > position(new)]
+        p, s = (before[-1] if before else None), after[0]
+        p_gone = p[0].deleted if p and p[0].extracted < p[0].deleted < s[0].extracted else None
+        missed = None if p else self._missed(new)
+        content = (new.cursor, new.amount)
+        if p and (p[0].cursor, p[0].amount) == content and not (p_gone and p_gone <= new.extracted):
+            return  # P seen again
+        between = bool(p_gone and p_gone > new.extracted) or bool(
+            missed and missed < s[0].extracted
+        )
+        if p:
+            row = self.superseded[p[1]]
+            self.superseded[p[1]] = (*row[:4], min(row[4], new.extracted))
+        if (s[0].cursor, s[0].amount) == content and not between:
+            if s[1] is None:  # S first seen at this version's extraction
+                self.current[key] = replace(self.current[key], extracted=new.extracted)
+            else:
+                row = self.superseded[s[1]]
+                self.superseded[s[1]] = (*row[:3], new.extracted, row[4])
+            return
+        ends = [
+            s[0].extracted,
+            *([p_gone] if p_gone and p_gone > new.extracted else []),
+            *([missed] if missed else []),
+        ]
+        self.superseded.append((key, new.cursor, new.amount, new.extracted, min(ends)))
 
 
 keys = st.integers(min_value=1, max_value=3)

@@ -24,9 +24,10 @@ from connectors.clinical_records.catalogue import (
 from tests.warehouse_records import Harness, analytics_rows, record
 from warehouse import models
 from warehouse.ddl import DDL_VIEWS
-from warehouse.load import LoadResult, SetResult
+from warehouse.load import SetResult
 from warehouse.models import Model, parse
 from warehouse.publish import publish
+from warehouse.runs import FAILED, SUCCESS, RunEnding
 
 
 @pytest.fixture
@@ -243,10 +244,13 @@ def test_sync_health_and_status_show_each_sets_last_run_and_the_run_its_flag(tmp
     for run_id, results in (("run-1", [claims, wrong]), ("run-2", [claims])):
         for result in results:
             with h.wh.transaction():
-                h.wh.add_to_run(run_id, [result.entity], LoadResult())
                 h.wh.record_set_result(run_id, result)
+                checks = [(name, False, True) for name in result.failed_checks]
+                checks += [(name, False, False) for name in result.warned_checks]
+                h.wh.record_checks(run_id, result.entity, [*checks, ("count", True, True)])
     h.wh.record_set_result("run-2", claims)  # a step tried again: still one row
-    h.wh.fail_run("run-3", "extract_patients: refused")
+    for run_id, status in (("run-1", SUCCESS), ("run-2", SUCCESS), ("run-3", FAILED)):
+        h.wh.end_run(RunEnding(run_id, status, None, message="extract_patients: refused"))
     h.wh.refresh_models()
     health = {
         r[0]: r[1:]

@@ -21,7 +21,7 @@ OPEN_ATTEMPTS = 5  # read-only opens that met a publication's rename, before the
 HOLDER_RE = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
 
 
-def _command(pid: int) -> str | None:
+def process_name(pid: int) -> str | None:
     """A short name for process `pid` from /proc: the program and the words that say what it
     runs (`python3.11 -m cli.main sync`), stopping at the first option: options may carry
     secrets, and `-c` code anything."""
@@ -46,7 +46,7 @@ def lock_holder(message: str) -> str:
     if found is None:
         return "another process"
     pid = int(found["pid"])
-    return f"process {pid} ({_command(pid) or Path(found['program']).name})"
+    return f"process {pid} ({process_name(pid) or Path(found['program']).name})"
 
 
 def _locked(path: Path, message: str, wait: float) -> WarehouseLocked:

@@ -67,13 +67,23 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
         },
     ),
     "sync_runs": (
-        "One row per sync run: when, what, how it ended and what it loaded",
+        "One row per run, written once from how it ended (by the run's last step, or by whoever "
+        "found it failed or killed): when, what, how it ended and what it loaded; a run still "
+        "going has none yet (its loads are in ops.set_results)",
         {
-            "run_id": ("VARCHAR", "Run identifier"),
-            "started_at": ("TIMESTAMPTZ", "Start of the run"),
-            "finished_at": ("TIMESTAMPTZ", "End of the run; null while running"),
-            "status": ("VARCHAR", "running, success, failed or rebuilt"),
-            "entities": ("VARCHAR[]", "Entity sets the run covers"),
+            "run_id": ("VARCHAR", "Run identifier (Dagster's)"),
+            "started_at": ("TIMESTAMPTZ", "When the run started (Dagster's run start)"),
+            "finished_at": (
+                "TIMESTAMPTZ",
+                "When it ended: its last step; for a run found killed, its last event",
+            ),
+            "status": (
+                "VARCHAR",
+                "success (it finished), failed, killed (its process ended without finishing), "
+                "rebuilt (a rebuild's own row) or unknown (a run a rebuild found in the lake's "
+                "batches alone, until its ending is found)",
+            ),
+            "entities": ("VARCHAR[]", "Entity sets the run was asked for and those it loaded"),
             "full_snapshot": ("BOOLEAN", "The run asked for full snapshots"),
             "fetched": ("BIGINT", "Records read from the lake batches"),
             "inserted": ("BIGINT", "New records"),
@@ -100,15 +110,16 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             ),
             "exact": (
                 "BOOLEAN",
-                "Every set the run loaded ended equal to the source by its own checks (no "
-                "check of severity ERROR failed; ops.set_results says which did); false for a "
-                "failed run, null while running",
+                "The run finished and every set it loaded ended equal to the source by its own "
+                "checks (no check of severity ERROR failed; ops.set_results says which did); "
+                "false for a failed or killed run, null for a rebuild's own row",
             ),
         },
     ),
     "set_results": (
-        "One row per run and entity set: how the set ended, recorded with its checks right "
-        "after its load (`clinical-sync status` and analytics.sync_health read it)",
+        "One row per run and entity set: how the set ended, recorded by its load with its "
+        "figures, and every check of it as the check was evaluated (`clinical-sync status` "
+        "and analytics.sync_health read it)",
         {
             "run_id": ("VARCHAR", "Run that loaded the set"),
             "entity": ("VARCHAR", "Entity set name as the spec writes it"),
@@ -125,13 +136,24 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
                 "reconciliation could not settle within its budget; 0 when it settled all)",
             ),
             "failed_checks": ("VARCHAR[]", "Checks of severity ERROR that failed"),
-            "warned_checks": ("VARCHAR[]", "Checks of severity WARN that failed"),
+            "warned_checks": ("VARCHAR[]", "Checks of severity WARN that failed (warned)"),
             "staleness_hours": (
                 "DOUBLE",
                 "For a set without updated_at: hours since every record of it was last read "
                 "(-1: never read whole); null for the sets whose updates every run reads",
             ),
             "live_rows": ("BIGINT", "Rows of the set not soft-deleted after the load"),
+            "fetched": ("BIGINT", "Records the load read from the lake batches"),
+            "inserted": ("BIGINT", "New records"),
+            "updated": ("BIGINT", "Records whose content changed"),
+            "soft_deleted": ("BIGINT", "Records a snapshot no longer contained"),
+            "rejected": ("BIGINT", "Rows set aside in ops.rejects"),
+            "reconciled": (
+                "BIGINT",
+                "Records written or deleted at the source while the run read the set, found by "
+                "reconciliation",
+            ),
+            "reconcile_requests": ("BIGINT", "Requests reconciliation spent on the set"),
         },
     ),
     "rejects": (
@@ -303,7 +325,7 @@ def statements(entities: Iterable[EntitySet], *, upgrades: bool = True) -> Itera
 # How each set's last run ended: a view over ops.set_results, so it is current the moment a
 # result is recorded (the analytics models, tables built from clinical, are built before the
 # checks that decide it: warehouse/models.py leaves this view alone). `status` reads it too
-# (ops.last_set_results).
+# (runs.last_set_results).
 SYNC_HEALTH_VIEW = "sync_health"
 SYNC_HEALTH_MEANING = (
     "How each entity set's last run ended: exact when none of its checks of severity ERROR "

@@ -8,6 +8,7 @@ Layout under the root:
     _tmp/                                                                files being written
     _journal/run=<run_id>/<step>.json                                    a run's requests, per step
     _source.json                                                         base URL and customer
+    _runs/<run_id>.json                                                  how each run ended
 
 A file is written under `_tmp/` and linked into place (`os.link` is atomic and fails if
 the name exists, so a file is never rewritten); readers globbing
@@ -22,10 +23,11 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +41,7 @@ from warehouse.schema import arrow_schema, dictionary_columns
 META_KEY = b"clinical_sync.batch"
 REJECTS, DELETES = "rejects", "deletes"  # a batch's side files, under `_<kind>/`
 SOURCE_FILE = "_source.json"
+RUNS = "_runs"  # each run's row of ops.sync_runs, as written when it ended
 JOURNAL = "_journal"
 # 2: issue 29's typing rule (ids as sent, DECIMAL(38,12), Prescriptions.created_at as text).
 # A batch of format 1 still loads (the merge casts each column on read), but what the old
@@ -216,23 +219,54 @@ class Lake:
         path = self.root / SOURCE_FILE
         return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
-    def record_source(self, base_url: str, customer: str, force: bool = False) -> None:
-        """Remember the source once; refuse batches from another one unless `force`."""
-        self._private_dir(self.root)  # every extraction passes here: an old lake is tightened
-        wanted = {"base_url": base_url, "customer": customer}
+    def check_source(self, base_url: str, customer: str) -> None:
+        """SourceMismatch when the lake holds another source's data (nothing written)."""
         known = self.source()
-        if known == wanted:
-            return
-        if known is not None and not force:
+        if known is not None and known != {"base_url": base_url, "customer": customer}:
             raise SourceMismatch(
                 f"lake {self.root} holds data of customer {known['customer']!r} at "
                 f"{known['base_url']}, not {customer!r} at {base_url}; use another LAKE_ROOT, "
                 "or sync --force to adopt the new source"
             )
+
+    def record_source(self, base_url: str, customer: str, force: bool = False) -> None:
+        """Remember the source once; refuse batches from another one unless `force`."""
+        self._private_dir(self.root)  # every extraction passes here: an old lake is tightened
+        wanted = {"base_url": base_url, "customer": customer}
+        if self.source() == wanted:
+            return
+        if not force:
+            self.check_source(base_url, customer)
         tmp = self.root / f".{SOURCE_FILE}.{uuid.uuid4().hex}"
         with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
             out.write(json.dumps(wanted))
         os.replace(tmp, self.root / SOURCE_FILE)
+
+    def record_run(self, row: Mapping[str, Any]) -> None:
+        """How a run ended (its row of ops.sync_runs), kept beside its batches so that a
+        rebuild keeps the record of the runs even when the warehouse file is lost. (The
+        extractions tighten an old lake; this adds one private folder to it.)"""
+        folder = private_dir(private_dir(self.root) / RUNS)
+        if not RUN_ID_RE.match(str(row["run_id"])):
+            raise ValueError("run_id may hold only letters, digits, '_', '.' and '-'")
+        text = json.dumps(
+            {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+        )
+        tmp = folder / f".{row['run_id']}.{uuid.uuid4().hex}"
+        with os.fdopen(create_private(tmp), "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, folder / f"{row['run_id']}.json")
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run's row `record_run` kept, oldest start first."""
+        found = []
+        for path in sorted((self.root / RUNS).glob("*.json")):
+            row = json.loads(path.read_text(encoding="utf-8"))
+            for name, value in row.items():
+                if name.endswith("_at") and isinstance(value, str):
+                    row[name] = datetime.fromisoformat(value)
+            found.append(row)
+        return sorted(found, key=lambda r: r.get("started_at") or datetime.min.replace(tzinfo=UTC))
 
     # -- a run's journal: what each extraction step asked, for the run's end -----------------
 

@@ -1,8 +1,9 @@
 """The warehouse file as one object: open it, apply the schema, load lake batches, keep books.
 
 `Warehouse` is the façade the pipelines use; each of its jobs lives in its own module:
-`connection` (opening DuckDB, lock waits, the memory cap), `migrations` (schema fingerprint
-and shims), `ops` (every statement over ops.*) and `merge` (one load's SQL). A load is one
+`connection` (opening DuckDB, lock waits, the memory cap), `writer` (one writer across
+processes and hosts), `migrations` (schema fingerprint and shims), `ops`, `runs` and `ledger`
+(the statements over ops.*) and `merge` (one load's SQL). A load is one
 DuckDB transaction: the merged rows, the rejects, the batch ledger and the watermark commit
 together or not at all.
 """
@@ -20,14 +21,16 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, models, ops, vacuum
+from warehouse import ddl, migrations, models, ops, runs, vacuum, writer
 from warehouse.connection import Transaction, connect, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
+from warehouse.ledger import LoadResult
 from warehouse.memory import memory_limit
 from warehouse.merge import Merge
-from warehouse.ops import EntityStatus, LoadResult, SetResult
+from warehouse.ops import EntityStatus
 from warehouse.private import make_private, private_dir
+from warehouse.runs import SetResult
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,9 @@ def _on_con(
 
 
 class Warehouse:
-    """The DuckDB warehouse file; a context manager holding DuckDB's write lock while open."""
+    """The DuckDB warehouse file; a context manager that, open to write, holds the writer lock
+    (`warehouse/writer.py`) and DuckDB's write lock. `lock`: the warehouse whose writer lock
+    it holds (a rebuild's new file: the working copy it replaces), by default its own."""
 
     def __init__(
         self,
@@ -68,13 +73,16 @@ class Warehouse:
         read_only: bool = False,
         wait: float = 0.0,
         entities: Sequence[EntitySet] = ALL_ENTITIES,
+        lock: str | Path | None = None,
     ) -> None:
         self.path = Path(path)
         self.memory_limit = memory_limit()
         self.read_only = read_only
         self.wait = wait
         self.entities = {e.name: e for e in entities}
+        self.lock = Path(lock) if lock is not None else self.path
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._writing = contextlib.ExitStack()
 
     def __enter__(self) -> Warehouse:
         self.open()
@@ -92,9 +100,14 @@ class Warehouse:
         if self._con is None:
             if not self.read_only:
                 private_dir(self.path.parent)
+                self._writing.enter_context(writer.writing(self.lock, wait=self.wait))
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
-            self._con = connect(self.path, self.read_only, self.wait, self.memory_limit)
+            try:
+                self._con = connect(self.path, self.read_only, self.wait, self.memory_limit)
+            except BaseException:
+                self._writing.close()
+                raise
             if not self.read_only:
                 make_private(self.path)  # DuckDB created it with the umask's mode
 
@@ -106,6 +119,7 @@ class Warehouse:
                 make_private(self.path.with_name(self.path.name + ".wal"))
                 with contextlib.suppress(OSError):  # the spill folder, when nothing spilled
                     spill_dir(self.path).rmdir()
+                self._writing.close()
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -162,7 +176,8 @@ class Warehouse:
     source = _on_con(ops.source)
 
     def check_source(self, base_url: str, customer: str, force: bool = False) -> None:
-        """Record the source on first use; refuse another one unless `force`."""
+        """Record the source on first use (open to write); refuse another one unless
+        `force`."""
         row = self.source()
         if row is not None and row != (base_url, customer) and not force:
             raise SourceMismatch(
@@ -170,15 +185,13 @@ class Warehouse:
                 f"{row[1]!r} at {row[0]}), not customer {customer!r} at {base_url}; use another "
                 "WAREHOUSE_PATH, or sync --force to adopt the new source"
             )
-        if row != (base_url, customer):
+        if row != (base_url, customer) and not self.read_only:
             with self.transaction():
                 ops.record_source(self.con, base_url, customer)
 
-    record_run = _on_con(ops.record_run)
-    finish_run = _on_con(ops.finish_run)
-    add_to_run = _on_con(ops.add_to_run)
-    fail_run = _on_con(ops.fail_run)
-    record_set_result = _on_con(ops.record_set_result)
+    end_run = _on_con(runs.end_run)
+    record_set_result = _on_con(runs.record_set_result)
+    record_checks = _on_con(runs.record_checks)
 
     def watermark(self, entity: EntitySet | str) -> str | None:
         return ops.watermark(self.con, self.entity(entity).name)

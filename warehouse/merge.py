@@ -1,9 +1,10 @@
 """The merge of one load: lake batches into clinical and history, by key, in SQL over Parquet.
 
-A load stages the batches' rows with `read_parquet`, keeps the newest version per key
-(cursor, then extraction time), compares content hashes with `clinical`, and applies the
-plan: inserts, updates, resurrections, type-2 history, soft deletes of a snapshot, rejects
-and the batch ledger. The caller (`Warehouse.load`) holds the transaction.
+A load stages the batches' rows with `read_parquet` and merges every version, each key's oldest
+first (`NEWER`'s order): one newer than the current row is compared by content hash and applied
+(insert, update, resurrection, type-2 history), an older one placed among those held
+(`warehouse/history.py`); then a snapshot's soft deletes, rejects and the batch ledger. The
+caller (`Warehouse.load`) holds the transaction.
 
 A fresh load (an empty table, no key twice) skips all that and streams the rows into
 `clinical`. DuckDB keeps no insertion order (`preserve_insertion_order`): no table here
@@ -21,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet
-from warehouse import ddl, ops
+from warehouse import ddl, history, ledger
 from warehouse.ident import column_list, qualified, quote
 from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
+from warehouse.ledger import LoadResult
 from warehouse.normalise import REJECT
-from warehouse.ops import LoadResult
 from warehouse.schema import EXTRAS
 
 # The content hash: DuckDB's 64-bit hash of every field and the extras, as 16 hex digits.
@@ -34,7 +35,14 @@ from warehouse.schema import EXTRAS
 CONTENT_HASH = "printf('%016x', hash({content}))"
 
 # The plan's actions, as the classification query names them.
-INSERT, UPDATE, RESURRECT, SAME, STALE = "insert", "update", "resurrect", "same", "stale"
+INSERT, UPDATE, RESURRECT, SAME = "insert", "update", "resurrect", "same"
+STALE = history.STALE  # older than the current version: placed among those held
+
+# Whether a staged version (`s`) is newer than the current one (`c`, its cursor `{current}`):
+# by cursor, a missing one oldest, then by extraction time (a tie: the version being loaded).
+NEWER = """(CASE WHEN s."_cursor" IS DISTINCT FROM {current}
+                 THEN coalesce(s."_cursor" > {current}, {current} IS NULL)
+                 ELSE s."_extracted_at" >= c."_extracted_at" END)"""
 
 
 class Merge:
@@ -59,7 +67,7 @@ class Merge:
         self.snapshot_at = max(i.extracted for i in infos)
         self.present = _columns_in(paths)  # older batches may lack newer columns
         # Whether a snapshot loaded earlier was extracted after some of these batches.
-        self.snapshot_since = ops.snapshot_since(con, ent.name, min(i.extracted for i in infos))
+        self.snapshot_since = ledger.snapshot_since(con, ent.name, min(i.extracted for i in infos))
 
     def run(self, snapshot: bool) -> LoadResult:
         new = self._register_batches()
@@ -71,17 +79,15 @@ class Merge:
             actions[INSERT] = self._insert_fresh()
             deleted = self._apply_deletes()
         else:
-            actions.update(self._plan(duplicated))
-            self._apply(actions)
+            actions.update(self._merge_versions(duplicated))
             deleted = self._mark_deleted() if snapshot else 0
             deleted += self._apply_deletes()
-            self.con.execute('DROP TABLE "_stage"')
-            self.con.execute('DROP TABLE "_plan"')
+            self.con.execute('DROP TABLE "_keys"')
         if snapshot:
             self._record_snapshot()
         rejected = self._rejects(new)
         self._resolve_notes()
-        ops.record_new_batches(self.con, self.ent.name)
+        ledger.record_new_batches(self.con, self.ent.name)
         self.con.unregister("_batches")
         return LoadResult(
             fetched=sum(i.rows for i in self.infos) + rejected,
@@ -96,7 +102,7 @@ class Merge:
     def _register_batches(self) -> list[bool]:
         """`_batches`: file, extraction time and order of each batch; which are new."""
         ids = [i.batch_id for i in self.infos]
-        seen = ops.loaded_batch_ids(self.con, ids)
+        seen = ledger.loaded_batch_ids(self.con, ids)
         table = pa.table(
             {
                 "file": self.files,
@@ -133,7 +139,7 @@ class Merge:
     def _record_snapshot(self) -> None:
         """The snapshot, by the run that extracted it: its rejects carry that run's id."""
         run_id = max(self.infos, key=lambda i: i.extracted).run_id
-        ops.record_snapshot(self.con, self.ent.name, run_id, self.snapshot_at)
+        ledger.record_snapshot(self.con, self.ent.name, run_id, self.snapshot_at)
 
     def _missed_by_snapshot(self) -> tuple[str, list[object]]:
         """SQL of when the first snapshot extracted at or after a new record's version (`s`)
@@ -141,7 +147,7 @@ class Merge:
         its parameters. A snapshot that rejected the key did not miss it."""
         if not self.snapshot_since:
             return "NULL::TIMESTAMPTZ", []
-        sql = ops.first_snapshot_missing(self.key)
+        sql = ledger.first_snapshot_missing(f"s.{self.key}", 's."_extracted_at"')
         return sql, [self.ent.name]
 
     def _versions(self, ranked: bool) -> str:
@@ -172,18 +178,42 @@ class Merge:
                 JOIN "_batches" AS b ON s."filename" = b."file"
             )"""
 
-    def _keep_newest(self) -> None:
-        """Drop from `_stage` every version but the newest of its key (cursor, then
-        extraction time, batch, row). The window sees narrow rows only: memory stays low."""
+    def _merge_versions(self, duplicated: bool) -> Counter[str]:
+        """Every staged version, each key's oldest first: one round per version of a key (a
+        load holds one for most keys), each planned and applied against what the rounds
+        before left, as loads of one version each in that order would. Returns how many
+        versions got each action."""
         self.con.execute(
-            f"""DELETE FROM "_stage" WHERE rowid IN (
-                    SELECT rowid FROM "_stage"
-                    QUALIFY row_number() OVER (
-                        PARTITION BY {self.key}
-                        ORDER BY "_cursor" DESC NULLS LAST, "_extracted_at" DESC,
-                                 "_order" DESC, "_row" DESC
-                    ) > 1)"""
+            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
         )
+        self.con.execute(f'CREATE TEMP TABLE "_keys" AS SELECT DISTINCT {self.key} FROM "_stage"')
+        rounds = history.set_later_versions_aside(self.con, self.key) if duplicated else 1
+        actions: Counter[str] = Counter()
+        for number in range(1, rounds + 1):
+            if number > 1:
+                self.con.execute(
+                    'CREATE TEMP TABLE "_stage" AS SELECT * EXCLUDE ("_round") FROM "_later" '
+                    'WHERE "_round" = ?',
+                    [number],
+                )
+            planned = self._plan()
+            if planned.get(STALE):
+                history.place_older_versions(
+                    self.con,
+                    self.ent.name,
+                    self.key,
+                    quote(self.cursor) if self.cursor else None,
+                    self.clinical,
+                    self.superseded,
+                    self.version,
+                )
+            self._apply(planned)
+            actions.update(planned)
+            self.con.execute('DROP TABLE "_stage"')
+            self.con.execute('DROP TABLE "_plan"')
+        if duplicated:
+            self.con.execute('DROP TABLE "_later"')
+        return actions
 
     def _insert_fresh(self) -> int:
         """Every row of the batches straight into clinical; returns how many."""
@@ -200,25 +230,21 @@ class Merge:
         ).fetchone()
         return inserted
 
-    def _plan(self, duplicated: bool) -> dict[str, int]:
-        """`_stage`: the newest version per key across the batches with its content hash;
-        `_plan`: what happens to each key (`_action`). Returns how many keys get each action.
+    def _plan(self) -> dict[str, int]:
+        """`_plan`: what happens to each key's version in `_stage` (one per key, with its
+        content hash): `_action`. Returns how many keys get each action.
 
-        A version newer than the current one (by cursor, else by extraction time) replaces
-        it. It brings a deleted record back only when it was extracted after the deletion
-        was seen; an older one (a batch loaded again, or a run that commits after a later
-        snapshot) updates the record's content, which stays deleted, as if the two loads
-        had committed in extraction order. For the same reason a new record that a snapshot
+        A version newer than the current one (`NEWER`) replaces it; an older one is placed
+        among the versions held (STALE: `history.place_older_versions`). A newer version
+        brings a deleted record back only when it was extracted after the deletion was seen;
+        one extracted before it (a run that commits after a later snapshot) updates the
+        record's content, which stays deleted, as if the two loads had committed in
+        extraction order. For the same reason a new record that a snapshot
         loaded earlier but extracted later missed is inserted deleted (`_deleted_at`).
 
         Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
         table stays small; the wide staged rows stream, and spill under the memory cap.
         """
-        self.con.execute(
-            f'CREATE TEMP TABLE "_stage" AS {self._versions(duplicated)}', [self.files]
-        )
-        if duplicated:
-            self._keep_newest()
         cursor = [self.cursor] if self.cursor else []
         current = f"c.{quote(self.cursor)}" if self.cursor else "NULL"
         narrow = column_list(
@@ -233,11 +259,7 @@ class Merge:
                    ELSE c."_deleted_at" END AS "_deleted_at",
               CASE
                 WHEN c.{self.key} IS NULL THEN '{INSERT}'
-                WHEN NOT (CASE WHEN s."_cursor" IS NOT NULL AND {current} IS NOT NULL
-                                    AND s."_cursor" <> {current}
-                               THEN s."_cursor" > {current}
-                               ELSE s."_extracted_at" >= c."_extracted_at" END)
-                     THEN '{STALE}'
+                WHEN NOT {NEWER.format(current=current)} THEN '{STALE}'
                 WHEN s."_extracted_at" > c."_deleted_at" THEN '{RESURRECT}'
                 WHEN c."_content_hash" IS DISTINCT FROM s."_content_hash" THEN '{UPDATE}'
                 ELSE '{SAME}'
@@ -292,7 +314,8 @@ class Merge:
             )
 
     def _mark_deleted(self) -> int:
-        """A snapshot marks what it did not see (nor reject) and was extracted before it."""
+        """A snapshot marks what it did not see (nor reject) and was extracted before it; a
+        later snapshot's mark (it committed first) moves back to it, as in extraction order."""
         files = self._reject_files()
         rejected_keys = (
             f"""AND CAST(c.{self.key} AS VARCHAR) NOT IN (
@@ -303,16 +326,16 @@ class Merge:
         )
         (marked,) = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
-                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= ?
-                  AND NOT EXISTS (SELECT 1 FROM "_plan" AS s WHERE s.{self.key} = c.{self.key})
+                WHERE coalesce(c."_deleted_at" > ?, true) AND c."_extracted_at" <= ?
+                  AND NOT EXISTS (SELECT 1 FROM "_keys" AS s WHERE s.{self.key} = c.{self.key})
                   {rejected_keys}""",
-            [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
+            [self.snapshot_at, self.snapshot_at, self.snapshot_at, *([files] if files else [])],
         ).fetchone()
         return marked
 
     def _apply_deletes(self) -> int:
-        """Mark deleted the keys an extraction found gone at the source, as of that batch's
-        extraction, unless a newer version (a later extraction) is held."""
+        """Mark deleted the keys an extraction found gone at the source, as of the first such
+        batch extracted at or after the version held (an earlier deletion stays)."""
         found = [
             (str(side_path(Lake.root_of(p), DELETES, i.table, i.batch_id)), i.extracted)
             for p, i in zip(self.paths, self.infos, strict=True)
@@ -329,11 +352,13 @@ class Merge:
         self.con.register("_gone_files", gone)
         (marked,) = self.con.execute(
             f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at"
-                FROM (SELECT d."key", max(f."at") AS "at"
+                FROM (SELECT h.rowid AS "row", min(f."at") AS "at"
                       FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
-                      JOIN "_gone_files" AS f ON d."filename" = f."file" GROUP BY ALL) AS g
-                WHERE c."_deleted_at" IS NULL AND c."_extracted_at" <= g."at"
-                  AND CAST(c.{self.key} AS VARCHAR) = g."key" """,
+                      JOIN "_gone_files" AS f ON d."filename" = f."file"
+                      JOIN {self.clinical} AS h ON CAST(h.{self.key} AS VARCHAR) = d."key"
+                       AND h."_extracted_at" <= f."at"
+                      GROUP BY ALL) AS g
+                WHERE c.rowid = g."row" AND coalesce(c."_deleted_at" > g."at", true)""",
             [[f for f, _ in found]],
         ).fetchone()
         self.con.unregister("_gone_files")
@@ -358,7 +383,7 @@ class Merge:
                 JOIN "_batches" AS b ON r."filename" = b."rejects_file" """,
             [files],
         )
-        ops.copy_new_rejects(self.con)
+        ledger.copy_new_rejects(self.con)
         (count,) = self.con.execute(
             'SELECT count(*) FROM "_rejects" WHERE "kind" = ?', [REJECT]
         ).fetchone()
@@ -367,8 +392,8 @@ class Merge:
 
     def _resolve_notes(self) -> None:
         """Notes on keys these batches loaded again, from a later extraction, become history
-        (ops.resolve_notes); reads the key column alone, and only while notes are open."""
-        ops.resolve_notes(
+        (ledger.resolve_notes); reads the key column alone, and only while notes are open."""
+        ledger.resolve_notes(
             self.con,
             self.ent.name,
             f"""SELECT CAST(s.{self.key} AS VARCHAR) AS "key", b."extracted_at",

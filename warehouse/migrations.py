@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable
 import duckdb
 
 from connectors.clinical_records.catalogue import EntitySet
-from warehouse import ddl, ops
+from warehouse import ddl, ledger, ops
 from warehouse.connection import Transaction
 from warehouse.ident import column_list, qualified, quote
 from warehouse.merge import CONTENT_HASH
@@ -58,7 +58,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet])
         retyped = retype_columns(con, entities)
         for statement in statements:
             con.execute(statement)
-        ops.seed_snapshots(con)
+        ledger.seed_snapshots(con)
         resolve_notes_loaded_since(con, entities)
         if retyped:  # every set came through the old rule: its rejects, its silent UTC
             why = f"columns of {', '.join(retyped)} retyped in place; {RETYPED_WHY}"
@@ -104,7 +104,7 @@ def resolve_notes_loaded_since(
     loaded, is one."""
     for ent in entities:
         key = quote(ent.key)
-        ops.resolve_notes(
+        ledger.resolve_notes(
             con,
             ent.name,
             f"""SELECT CAST({key} AS VARCHAR) AS "key", "_extracted_at" AS "extracted_at",

@@ -1,65 +1,26 @@
-"""Every statement over the `ops` schema: runs, sync state, snapshots, batches, rejects,
-source and schema version. The tables themselves are declared in `warehouse/ddl.py`.
+"""Every statement over the `ops` schema but the record of runs (`warehouse/runs.py`) and
+what a merge reads and records (`warehouse/ledger.py`): schema version, source, sync state and
+watermarks, status, the analytics models' builds, document content. The tables themselves are
+declared in `warehouse/ddl.py`.
 
-Callers own the transaction (a load writes its state with its rows, `Warehouse.load`), but
-for `fail_run`, which stands alone. `Warehouse` offers the run functions as its methods.
+Callers own the transaction (a load writes its state with its rows, `Warehouse.load`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import duckdb
 
 from connectors.clinical_records.catalogue import DOCUMENTS, EntitySet
 from warehouse.connection import Transaction
-from warehouse.ddl import ANALYTICS, CLINICAL, OPS, SYNC_HEALTH_VIEW
-from warehouse.figures import RECONCILE_FIGURES, Figure
-from warehouse.ident import qualified, quote
+from warehouse.ddl import CLINICAL, OPS
+from warehouse.ident import qualified
 from warehouse.lake import BatchInfo
 from warehouse.normalise import REJECT, UNFIT
-
-SUCCESS, FAILED = "success", "failed"  # ops.sync_runs statuses
-RUN_FIGURES = ("fetched", "inserted", "updated", "soft_deleted", "rejected")  # summed per run
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """What one load did; `fetched` counts every row the batches hold, rejects included."""
-
-    fetched: int = 0
-    inserted: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    soft_deleted: int = 0
-    resurrected: int = 0
-    rejected: int = 0
-
-    def __add__(self, other: LoadResult) -> LoadResult:
-        return LoadResult(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
-
-
-@dataclass(frozen=True)
-class SetResult:
-    """How one entity set ended in one run, as its load's checks found it."""
-
-    entity: str
-    mode: str
-    live_rows: int
-    unreconciled: int  # records by which the set may differ from the source
-    failed_checks: tuple[str, ...] = ()  # severity ERROR
-    warned_checks: tuple[str, ...] = ()  # severity WARN
-    staleness_hours: float | None = None  # sets without updated_at only
-    run_id: str = ""
-    recorded_at: datetime | None = None
-
-    @property
-    def exact(self) -> bool:
-        """Equal to the source by its own checks: no check of severity ERROR failed."""
-        return not self.failed_checks
+from warehouse.runs import SetResult, last_set_results
 
 
 @dataclass(frozen=True)
@@ -108,21 +69,6 @@ def schema_applied_at(con: duckdb.DuckDBPyConnection) -> datetime | None:
     return applied
 
 
-def seed_snapshots(con: duckdb.DuckDBPyConnection) -> None:
-    """Warehouses made before `ops.snapshots` know their last snapshot only (from
-    `sync_state`, its run from the batch ledger): it is the one recorded for them."""
-    con.execute(
-        """INSERT INTO "ops"."snapshots"
-           SELECT s."entity",
-                  (SELECT min(b."run_id") FROM "ops"."loaded_batches" AS b
-                   WHERE b."entity" = s."entity" AND b."extracted_at" = s."last_snapshot_at"),
-                  s."last_snapshot_at", now()
-           FROM "ops"."sync_state" AS s
-           WHERE s."last_snapshot_at" IS NOT NULL AND NOT EXISTS
-                 (SELECT 1 FROM "ops"."snapshots" AS n WHERE n."entity" = s."entity")"""
-    )
-
-
 # -- source --------------------------------------------------------------------------------
 
 
@@ -135,187 +81,6 @@ def source(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
 def record_source(con: duckdb.DuckDBPyConnection, base_url: str, customer: str) -> None:
     con.execute('DELETE FROM "ops"."source"')
     con.execute('INSERT INTO "ops"."source" VALUES (?, ?, now())', [base_url, customer])
-
-
-# -- runs ----------------------------------------------------------------------------------
-
-
-def record_run(
-    con: duckdb.DuckDBPyConnection,
-    run_id: str,
-    entities: Iterable[str],
-    *,
-    full_snapshot: bool = False,
-    started_at: datetime | None = None,
-) -> None:
-    """The run's row; `started_at` is when the run began (default: now)."""
-    con.execute(
-        'INSERT INTO "ops"."sync_runs" ("run_id", "started_at", "status", "entities", '
-        '"full_snapshot") VALUES (?, coalesce(?, now()), ?, ?, ?)',
-        [run_id, started_at, "running", list(entities), full_snapshot],
-    )
-
-
-def finish_run(
-    con: duckdb.DuckDBPyConnection,
-    run_id: str,
-    status: str,
-    results: Mapping[str, LoadResult] | None = None,
-    message: str | None = None,
-) -> None:
-    total = sum((results or {}).values(), LoadResult())
-    figures = ", ".join(f"{quote(name)} = ?" for name in RUN_FIGURES)
-    con.execute(
-        f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
-        '"message" = ? WHERE "run_id" = ?',
-        [status, *(getattr(total, name) for name in RUN_FIGURES), message, run_id],
-    )
-
-
-def add_to_run(
-    con: duckdb.DuckDBPyConnection,
-    run_id: str,
-    entities: Iterable[str],
-    result: LoadResult,
-    *,
-    full_snapshot: bool = False,
-    reconciled: Mapping[str, int] | None = None,
-    staleness_hours: float = 0.0,
-    started_at: datetime | None = None,
-) -> None:
-    """Add a committed load's figures (and its extraction's `reconciled` figures, named
-    as RECONCILE_FIGURES, and how stale its set is) to its run's row, created by the
-    run's first load (`started_at`: when the run began, not that load); a run of several
-    loads (entity sets, documents) keeps one row that names them all."""
-    _ensure_run(con, run_id, list(entities), full_snapshot, started_at)
-    names = (*RUN_FIGURES, *RECONCILE_FIGURES)
-    figures = ", ".join(f"{quote(name)} = coalesce({quote(name)}, 0) + ?" for name in names)
-    extra = reconciled or {}
-    con.execute(
-        f'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, {figures}, '
-        '"max_staleness_hours" = greatest(coalesce("max_staleness_hours", 0), ?), '
-        '"message" = NULL WHERE "run_id" = ?',
-        [
-            SUCCESS,
-            *(getattr(result, name) for name in RUN_FIGURES),
-            *(int(extra.get(name, 0)) for name in RECONCILE_FIGURES),
-            float(staleness_hours),
-            run_id,
-        ],
-    )
-
-
-def fail_run(
-    con: duckdb.DuckDBPyConnection, run_id: str, message: str, started_at: datetime | None = None
-) -> None:
-    """Mark a run failed (and so not exact), keeping what its finished loads recorded; a run
-    that failed before its first load gets a row of its own. One transaction of its own."""
-    with Transaction(con):
-        _ensure_run(con, run_id, [], started_at=started_at)
-        con.execute(
-            'UPDATE "ops"."sync_runs" SET "finished_at" = now(), "status" = ?, "message" = ?, '
-            '"exact" = false WHERE "run_id" = ?',
-            [FAILED, message, run_id],
-        )
-
-
-SET_RESULT_COLUMNS = (
-    "run_id",
-    "entity",
-    "mode",
-    "exact",
-    Figure.UNRECONCILED,
-    "failed_checks",
-    "warned_checks",
-    "staleness_hours",
-    Figure.LIVE_ROWS,
-)
-
-
-def record_set_result(con: duckdb.DuckDBPyConnection, run_id: str, result: SetResult) -> None:
-    """How a set ended in `run_id`, replacing what an earlier attempt of the same step
-    recorded; the run is exact while each of its sets is. The caller owns the transaction
-    (the load step's figures and this commit together)."""
-    con.execute(
-        'DELETE FROM "ops"."set_results" WHERE "run_id" = ? AND "entity" = ?',
-        [run_id, result.entity],
-    )
-    values = {
-        **{name: getattr(result, name) for name in SET_RESULT_COLUMNS if name != "run_id"},
-        "run_id": run_id,
-        "failed_checks": list(result.failed_checks),
-        "warned_checks": list(result.warned_checks),
-    }
-    names = ", ".join(quote(name) for name in SET_RESULT_COLUMNS)
-    marks = ", ".join("?" for _ in SET_RESULT_COLUMNS)
-    con.execute(
-        f'INSERT INTO "ops"."set_results" ({names}, "recorded_at") VALUES ({marks}, now())',
-        [values[name] for name in SET_RESULT_COLUMNS],
-    )
-    con.execute(
-        'UPDATE "ops"."sync_runs" SET "exact" = NOT EXISTS (SELECT 1 FROM "ops"."set_results" '
-        'WHERE "run_id" = ? AND NOT "exact") WHERE "run_id" = ? AND "status" <> ?',
-        [run_id, run_id, FAILED],
-    )
-
-
-def mark_unsettled(
-    con: duckdb.DuckDBPyConnection, run_id: str, entity: str, later: int, check: str
-) -> None:
-    """A set the run's end found touched after its last look, and could not look at again:
-    not exact, by at least one record, `check` among its failed checks; the run with it."""
-    con.execute(
-        'UPDATE "ops"."set_results" SET "unreconciled" = greatest("unreconciled", 1), '
-        '"failed_checks" = list_distinct(list_append("failed_checks", ?)), "exact" = false '
-        'WHERE "run_id" = ? AND "entity" = ?',
-        [check, run_id, entity],
-    )
-    con.execute(
-        'UPDATE "ops"."sync_runs" SET "exact" = false WHERE "run_id" = ?',
-        [run_id],
-    )
-
-
-def last_set_results(con: duckdb.DuckDBPyConnection) -> dict[str, SetResult]:
-    """Per entity set, how its last recorded run ended: read from `analytics.sync_health`,
-    so `status` and the analysts' view say the same; empty for a warehouse made before
-    results were recorded."""
-    names = [f.name for f in fields(SetResult)]
-    try:
-        rows = con.execute(
-            f"SELECT {', '.join(quote(name) for name in names)} "
-            f"FROM {qualified(ANALYTICS, SYNC_HEALTH_VIEW)}"
-        ).fetchall()
-    except duckdb.CatalogException:
-        return {}
-    found = {}
-    for row in rows:
-        values = dict(zip(names, row, strict=True))
-        values["failed_checks"] = tuple(values["failed_checks"] or ())
-        values["warned_checks"] = tuple(values["warned_checks"] or ())
-        found[values["entity"]] = SetResult(**values)
-    return found
-
-
-def _ensure_run(
-    con: duckdb.DuckDBPyConnection,
-    run_id: str,
-    entities: list[str],
-    full_snapshot: bool = False,
-    started_at: datetime | None = None,
-) -> None:
-    """The run's row, made by the first write of the run; later writes add the sets it
-    does not name yet."""
-    row = con.execute(
-        'SELECT "entities" FROM "ops"."sync_runs" WHERE "run_id" = ?', [run_id]
-    ).fetchone()
-    if row is None:
-        record_run(con, run_id, entities, full_snapshot=full_snapshot, started_at=started_at)
-    elif missing := [name for name in entities if name not in row[0]]:
-        con.execute(
-            'UPDATE "ops"."sync_runs" SET "entities" = ? WHERE "run_id" = ?',
-            [[*row[0], *missing], run_id],
-        )
 
 
 # -- sync state ----------------------------------------------------------------------------
@@ -357,17 +122,6 @@ def coverage(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[datetime | None,
         'FROM "ops"."sync_state"'
     ).fetchall()
     return {name: (covered, ranged) for name, covered, ranged in rows}
-
-
-def rejected_keys(con: duckdb.DuckDBPyConnection, entity: str, kind: str) -> list[Any]:
-    """Keys the source sent that were set aside as `kind` (in its count, not in the table)
-    and that no later read has loaded."""
-    rows = con.execute(
-        'SELECT DISTINCT "key" FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? '
-        'AND "key" IS NOT NULL AND "resolved_at" IS NULL',
-        [entity, kind],
-    ).fetchall()
-    return [k for (k,) in rows]
 
 
 def write_state(
@@ -449,26 +203,6 @@ def status(con: duckdb.DuckDBPyConnection, entities: Iterable[EntitySet]) -> lis
     return out
 
 
-def run_rejects(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> int:
-    """Rows of `entity` that run `run_id` set aside (warnings not counted)."""
-    (count,) = con.execute(
-        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?',
-        [entity, REJECT, run_id],
-    ).fetchone()
-    return int(count)
-
-
-def run_unfit(con: duckdb.DuckDBPyConnection, entity: str, run_id: str) -> dict[str, int]:
-    """Per field, the records of `entity` that run `run_id` loaded with that field's value
-    kept raw in `_extras` (it did not fit its column)."""
-    rows = con.execute(
-        'SELECT "field", count(*) FROM (SELECT unnest("fields") AS "field" FROM "ops"."rejects" '
-        'WHERE "entity" = ? AND "kind" = ? AND "run_id" = ?) GROUP BY ALL ORDER BY ALL',
-        [entity, UNFIT, run_id],
-    ).fetchall()
-    return dict(rows)
-
-
 # -- analytics models ----------------------------------------------------------------------
 
 
@@ -482,104 +216,6 @@ def models_built(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, datetim
     """Per model: the fingerprint of the SQL its table was built from, and when."""
     rows = con.execute('SELECT "name", "fingerprint", "built_at" FROM "ops"."models"').fetchall()
     return {name: (fingerprint, at) for name, fingerprint, at in rows}
-
-
-# -- what a merge reads and records --------------------------------------------------------
-
-
-def loaded_batch_ids(con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> set[str]:
-    """The batches among `ids` that a load committed before (a reload is recognised)."""
-    rows = con.execute(
-        'SELECT "batch_id" FROM "ops"."loaded_batches" WHERE "batch_id" IN (SELECT unnest(?))',
-        [list(ids)],
-    ).fetchall()
-    return {row[0] for row in rows}
-
-
-def snapshot_since(con: duckdb.DuckDBPyConnection, entity: str, extracted: datetime) -> bool:
-    """Whether a snapshot loaded earlier was extracted at or after `extracted`."""
-    (count,) = con.execute(
-        'SELECT count(*) FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" >= ?',
-        [entity, extracted],
-    ).fetchone()
-    return count > 0
-
-
-def record_snapshot(
-    con: duckdb.DuckDBPyConnection, entity: str, run_id: str, snapshot_at: datetime
-) -> None:
-    con.execute(
-        'INSERT INTO "ops"."snapshots" SELECT ?, ?, ?, now() WHERE NOT EXISTS '
-        '(SELECT 1 FROM "ops"."snapshots" WHERE "entity" = ? AND "snapshot_at" = ?)',
-        [entity, run_id, snapshot_at, entity, snapshot_at],
-    )
-
-
-def first_snapshot_missing(key: str) -> str:
-    """SQL of when the first snapshot extracted at or after a staged version (`s`) missed
-    its key (quoted `key`), NULL when none did; its one parameter is the entity set. A
-    snapshot that rejected the key did not miss it."""
-    return f"""(SELECT min(n."snapshot_at") FROM "ops"."snapshots" AS n
-                WHERE n."entity" = ? AND n."snapshot_at" >= s."_extracted_at"
-                  AND NOT EXISTS (
-                    SELECT 1 FROM "ops"."rejects" AS r
-                    WHERE r."entity" = n."entity" AND r."run_id" = n."run_id"
-                      AND r."key" = CAST(s.{key} AS VARCHAR)))"""
-
-
-def copy_new_rejects(con: duckdb.DuckDBPyConnection) -> None:
-    """The staged `_rejects` of batches loaded for the first time into ops.rejects."""
-    con.execute(
-        """INSERT INTO "ops"."rejects" ("entity", "key", "kind", "fields", "reason", "raw_json",
-                                        "run_id", "batch_id", "extracted_at")
-           SELECT "entity", "key", "kind", "fields", "reason", "raw_json", "batch_run_id",
-                  "batch_id", "extracted_at" FROM "_rejects" WHERE "new" """
-    )
-
-
-def _open_notes(con: duckdb.DuckDBPyConnection, entity: str) -> int:
-    """Notes on keys of `entity` that no later read has resolved."""
-    (count,) = con.execute(
-        'SELECT count(*) FROM "ops"."rejects" WHERE "entity" = ? AND "key" IS NOT NULL '
-        'AND "resolved_at" IS NULL',
-        [entity],
-    ).fetchone()
-    return int(count)
-
-
-def resolve_notes(
-    con: duckdb.DuckDBPyConnection, entity: str, sent: str, params: Sequence[object] = ()
-) -> None:
-    """A note (reject, unfit, warning) is about its record as one batch sent it; when a
-    later batch loads the same key, the note is history: marked resolved by the first such
-    batch; the note stays. `sent`: a SELECT of the keys loaded (key as text, extracted_at,
-    run_id), run with `params` only while notes are open (it may read every batch's keys)."""
-    if not _open_notes(con, entity):
-        return
-    con.execute(f'CREATE TEMP TABLE "_sent" AS {sent}', list(params))
-    con.execute(
-        """UPDATE "ops"."rejects" AS r SET "resolved_at" = s."at", "resolved_run_id" = s."run"
-            FROM (SELECT n.rowid AS "note", min(k."extracted_at") AS "at",
-                         arg_min(k."run_id", k."extracted_at") AS "run"
-                  FROM "ops"."rejects" AS n
-                  JOIN "_sent" AS k ON k."key" = n."key" AND k."extracted_at" > n."extracted_at"
-                  WHERE n."entity" = ? AND n."resolved_at" IS NULL
-                  GROUP BY n.rowid) AS s
-            WHERE r.rowid = s."note" """,
-        [entity],
-    )
-    con.execute('DROP TABLE "_sent"')
-
-
-def record_new_batches(con: duckdb.DuckDBPyConnection, entity: str) -> None:
-    """The registered `_batches` loaded for the first time into the ledger."""
-    con.execute(
-        """INSERT INTO "ops"."loaded_batches"
-           SELECT b."batch_id", ?, b."relative_file", b."batch_run_id", b."extracted_at",
-                  b."rows", b."rejects", now()
-           FROM "_batches" AS b WHERE b."new" """,
-        [entity],
-    )
 
 
 # -- document content ------------------------------------------------------------------------

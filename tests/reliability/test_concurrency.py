@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
-from connectors.clinical_records.catalogue import entity
+from connectors.clinical_records.catalogue import ALL_ENTITIES, entity
 from connectors.sandbox.server import SandboxServer
+from sync.phase import PHASE_FILE, Phase
 from tests.reliability.conftest import (
+    SYNC_TIMEOUT,
     Target,
     assert_lake_sound,
     assert_matches,
@@ -14,6 +19,8 @@ from tests.reliability.conftest import (
     sandbox_config,
     truth,
 )
+from tests.reliability.test_crashes import phase_target
+from warehouse.lake import Lake
 
 pytestmark = pytest.mark.reliability
 
@@ -67,3 +74,34 @@ def test_parallel_extractions_stay_within_the_shared_rate_limit(tmp_path, ledger
         assert requests > 4 * rate, stats  # seconds of sustained full rate
         for target, only in targets:
             assert_matches(compare(target, entities=[entity(n) for n in only]), ledger)
+
+
+def test_a_rebuild_started_while_a_sync_loads_waits_and_loses_nothing(tmp_path, ledger):
+    """`clinical-sync rebuild` started while a sync loads (issue 42): the rebuild waits for
+    the sync's writer lock, naming it, or is refused (exit 2) naming it; afterwards the
+    warehouse equals the source and holds every batch the lake holds, each loaded once."""
+    with SandboxServer(sandbox_config(seed=55, scale=0.1, latency=0.005)) as server:
+        target = phase_target(server, tmp_path / "target")
+        target.sync("--only", "Branches")  # a lake and a warehouse to rebuild
+        source = truth(server)
+        marker = Path(target.env()[PHASE_FILE])
+        marker.unlink(missing_ok=True)
+        sync = target.start("sync", log=tmp_path / "sync.log")
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        while not (marker.exists() and marker.read_text().startswith(Phase.LOAD)):
+            assert sync.poll() is None, (tmp_path / "sync.log").read_text()
+            assert time.monotonic() < deadline, "the sync never loaded"
+            time.sleep(0.01)
+        rebuilt = target.run("rebuild")
+        assert sync.wait(timeout=SYNC_TIMEOUT) == 0, (tmp_path / "sync.log").read_text()
+        said = rebuilt.stdout + rebuilt.stderr
+        assert rebuilt.returncode in (0, 2), said
+        assert "being written by" in said and "sync" in said, said  # the holder named
+        assert "Traceback" not in said, said
+
+        assert_matches(compare(target, source), ledger)
+        assert_lake_sound(target)
+        lake = Lake(target.lake)
+        held = {Lake.info(p).batch_id for e in ALL_ENTITIES for p in lake.files(e)}
+        loaded = {b for (b,) in target.query('SELECT "batch_id" FROM "ops"."loaded_batches"')}
+        assert loaded == held  # no committed load lost

@@ -1,9 +1,11 @@
 """Case 5: a warehouse remembers the service and customer it was built from and refuses to
-load another one unless the operator says `--force`."""
+load another one unless the operator says `--force`: before any step starts and before any
+request to the other service, exit status 2 and one message (issue 42)."""
 
 from __future__ import annotations
 
 import pytest
+from dagster import DagsterInstance
 
 from connectors.clinical_records.catalogue import entity
 from connectors.sandbox.server import SandboxServer
@@ -40,13 +42,19 @@ def test_another_source_is_refused_without_force(tmp_path):
         before = held(built)
 
         intruder = Target(second, tmp_path)  # the same WAREHOUSE_PATH, LAKE_ROOT, home
-        refused = intruder.run("sync", "--only", *ONLY)
-        said = refused.stdout + refused.stderr
-        assert refused.returncode != 0, said
-        assert "other-clinic" in said and "source" in said, said
-        assert "Traceback" not in said, said
-        assert held(built) == before  # not a row, file or run of the other source
-        assert second.stats().get("requests", 0) == 0  # refused before reading a record
+        with DagsterInstance.from_config(str(built.dagster_home)) as instance:
+            runs_before = len(instance.get_runs())
+        for args in (("--only", *ONLY), ()):  # a few sets, and the whole nightly
+            refused = intruder.run("sync", *args)
+            said = refused.stdout + refused.stderr
+            assert refused.returncode == 2, said  # nothing ran
+            assert said.strip().count("\n") == 0, said  # one message
+            assert "other-clinic" in said and "another source" in said, said
+            assert held(built) == before  # not a row, file or run of the other source
+        with DagsterInstance.from_config(str(built.dagster_home)) as instance:
+            assert len(instance.get_runs()) == runs_before  # no run, so no step started
+        stats = second.stats()
+        assert stats.get("requests", 0) == stats.get("token_requests", 0) == 0, stats
 
 
 def test_force_adopts_the_new_source(tmp_path, ledger):

@@ -13,7 +13,8 @@ from sync.reconcile import Reconciliation
 from sync.strategy import Mode
 from warehouse.ddl import OPS_TABLES
 from warehouse.figures import RECONCILE_FIGURES, Figure, keyed_by_text
-from warehouse.ops import SET_RESULT_COLUMNS, LoadResult, SetResult
+from warehouse.ledger import LoadResult
+from warehouse.runs import SET_RESULT_COLUMNS, SetResult
 
 
 def test_a_figure_is_its_name() -> None:
