@@ -7,10 +7,11 @@ materialization events.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -271,47 +272,57 @@ def sync(
     checked = checked or check_configuration(env, tenant)
     webhook = checked.webhook
     resources = resources_from_env(env, lake_root, warehouse_path, tenant, checked, **options)
-    instance = instance or DagsterInstance.ephemeral()
-    if tenant is not None and tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
-        instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
-    job = (
-        keys.BACKFILL_JOB
-        if backfill_from is not None
-        else keys.FULL_JOB
-        if full
-        else keys.NIGHTLY_JOB
-    )
-    place = _place(checked, lake_root, warehouse_path, tenant)
-    with writing(
-        working_path(warehouse_path), wait=LOCK_WAIT_SECONDS, what=f"clinical-sync {job}", say=say
-    ):
-        if not force_source and place.source is not None:
-            refuse_another_source(warehouse_path, lake_root, *place.source)
-        end_orphans(instance, place, tenant.file if tenant else None, webhook, say=say)
-        started = time.monotonic()
-        result = _materialize(
-            job,
-            sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
-            resources,
-            log_level=log_level,
-            instance=instance,
-            tags=tags or {},
-            selection=selection(resolve(only)),
-            partition_key=tenant.name if tenant else None,
-        )
-        report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
-        loaded = set_figures(result.all_events)
-        report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
-        report.checks = check_outcomes(result.all_events)
-        report.failure = _failure(result, place, instance)
-        failures = root_failures(result.all_events)
-        report.failed_steps = [step for step, _ in failures]
-        if failures:
-            report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
-        report.verdict, report.alert = _conclude(
-            result, job, warehouse_path, webhook, instance, tenant.name if tenant else None
-        )
+    with _own_instance(instance) as instance:
+        known = instance.get_dynamic_partitions(TENANT_DIMENSION)
+        if tenant is not None and tenant.name not in known:
+            instance.add_dynamic_partitions(TENANT_DIMENSION, [tenant.name])
+        job = keys.FULL_JOB if full else keys.NIGHTLY_JOB
+        job = keys.BACKFILL_JOB if backfill_from is not None else job
+        place = _place(checked, lake_root, warehouse_path, tenant)
+        with writing(
+            working_path(warehouse_path),
+            wait=LOCK_WAIT_SECONDS,
+            what=f"clinical-sync {job}",
+            say=say,
+        ):
+            if not force_source and place.source is not None:
+                refuse_another_source(warehouse_path, lake_root, *place.source)
+            end_orphans(instance, place, tenant.file if tenant else None, webhook, say=say)
+            started = time.monotonic()
+            result = _materialize(
+                job,
+                sync_definitions(partitioned=tenant is not None, read_rotation=read_rotation),
+                resources,
+                log_level=log_level,
+                instance=instance,
+                tags=tags or {},
+                selection=selection(resolve(only)),
+                partition_key=tenant.name if tenant else None,
+            )
+            report = SyncReport(result.run_id, result.success, round(time.monotonic() - started, 2))
+            loaded = set_figures(result.all_events)
+            report.entities = {e.name: loaded[e.table] for e in ALL_ENTITIES if e.table in loaded}
+            report.checks = check_outcomes(result.all_events)
+            report.failure = _failure(result, place, instance)
+            failures = root_failures(result.all_events)
+            report.failed_steps = [step for step, _ in failures]
+            if failures:
+                report.failure_kind, report.failure_reason = kind_and_reason(failures[0][1])
+            report.verdict, report.alert = _conclude(
+                result, job, warehouse_path, webhook, instance, tenant.name if tenant else None
+            )
     return report
+
+
+@contextlib.contextmanager
+def _own_instance(instance: DagsterInstance | None) -> Iterator[DagsterInstance]:
+    """The caller's instance, or an ephemeral one closed with the run: its temporary folder
+    removed then, not left to the garbage collector (a ResourceWarning in whatever ran next)."""
+    if instance is not None:
+        yield instance
+        return
+    with DagsterInstance.ephemeral() as own:
+        yield own
 
 
 def _place(checked: Checked, lake_root: str, warehouse_path: str, tenant: Tenant | None) -> Place:
@@ -364,36 +375,36 @@ def sync_documents(
     and another source refused before any step, as `sync` does."""
     checked = check_configuration(env)
     webhook = checked.webhook
-    instance = instance or DagsterInstance.ephemeral()
-    place = _place(checked, lake_root, warehouse_path, None)
-    with writing(
-        working_path(warehouse_path),
-        wait=LOCK_WAIT_SECONDS,
-        what="clinical-sync documents sync",
-        say=say,
-    ):
-        if place.source is not None:
-            refuse_another_source(warehouse_path, lake_root, *place.source)
-        end_orphans(instance, place, None, webhook, say=say)
-        result = _materialize(
-            keys.DOCUMENTS_JOB,
-            build_sync_assets(),
-            resources_from_env(env, lake_root, warehouse_path, checked=checked, full=full),
-            log_level=log_level,
-            instance=instance,
-            tags={"clinical-sync/command": "documents sync"},
-            selection=AssetSelection.assets(
-                lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
-            ),
-            ops={CONTENT_OP: {"config": {"download_content": content}}},
-        )
-        figures: dict[str, object] = {}
-        for event in result.get_asset_materialization_events():
-            figures.update(values(event.materialization.metadata))
-        failure = _failure(result, place, instance)
-        ending, delivery = _conclude(
-            result, keys.DOCUMENTS_JOB, warehouse_path, webhook, instance, None
-        )
+    with _own_instance(instance) as instance:
+        place = _place(checked, lake_root, warehouse_path, None)
+        with writing(
+            working_path(warehouse_path),
+            wait=LOCK_WAIT_SECONDS,
+            what="clinical-sync documents sync",
+            say=say,
+        ):
+            if place.source is not None:
+                refuse_another_source(warehouse_path, lake_root, *place.source)
+            end_orphans(instance, place, None, webhook, say=say)
+            result = _materialize(
+                keys.DOCUMENTS_JOB,
+                build_sync_assets(),
+                resources_from_env(env, lake_root, warehouse_path, checked=checked, full=full),
+                log_level=log_level,
+                instance=instance,
+                tags={"clinical-sync/command": "documents sync"},
+                selection=AssetSelection.assets(
+                    lake_key(DOCUMENTS), table_key(DOCUMENTS), CONTENT_KEY, keys.PUBLISHED_KEY
+                ),
+                ops={CONTENT_OP: {"config": {"download_content": content}}},
+            )
+            figures: dict[str, object] = {}
+            for event in result.get_asset_materialization_events():
+                figures.update(values(event.materialization.metadata))
+            failure = _failure(result, place, instance)
+            ending, delivery = _conclude(
+                result, keys.DOCUMENTS_JOB, warehouse_path, webhook, instance, None
+            )
     return DocumentsRun(result.run_id, result.success, figures, failure, ending, delivery)
 
 
