@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from cli import exit_codes
 from cli import log as cli_log
+from cli.orphans import end_orphans_of
 from cli.output import (
     alert_lines,
     format_table,
@@ -134,29 +135,6 @@ def status(args: argparse.Namespace) -> int:
     if found:
         print(f"\n{models_table(found)}")
     return 0
-
-
-def end_orphans_of(warehouse: str | Path | None, tenants_file: Path | None = None) -> None:
-    """Runs of `clinical-sync` whose process died, found by `status` when it comes first:
-    recorded killed in their own warehouses (`run_record.end_orphans`), their alerts sent,
-    said on stderr. Only where a sync has made the warehouse's Dagster instance: `status`
-    creates none."""
-    if home.made_dagster_home(warehouse) is None:
-        return
-    from pipelines.run_record import Place, end_orphans
-    from pipelines.webhook import webhook_from_env
-
-    try:
-        webhook = webhook_from_env(os.environ)
-    except ConfigError:
-        webhook = None  # `sync` names the variable; `status` still shows what it can
-    here = Place(str(warehouse or home.warehouse_path()), home.lake_root())
-    with home.instance(warehouse) as instance:
-        for run_id, place in end_orphans(instance, here, tenants_file, webhook, say=lambda _: None):
-            tell(
-                f"run {run_id[:8]} had died without finishing: recorded killed in "
-                f"{place.warehouse}'s ops.sync_runs (its next sync publishes it)"
-            )
 
 
 def rebuild(args: argparse.Namespace) -> int:

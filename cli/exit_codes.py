@@ -1,4 +1,4 @@
-"""Exit statuses a cron job, a CI step or an on-call script reads (README, Running it)."""
+"""Exit statuses a cron job, a CI step or an on-call script reads (docs/operators/running.md)."""
 
 EXACT = 0  # every set the run loaded ended equal to the source by its own checks
 FAILED = 1  # the run failed (a wrong secret, the service unreachable, a crash)

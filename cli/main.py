@@ -293,7 +293,9 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
         help="per entity set: rows, rejects, watermark, last run and whether it ended exact",
     )
     p.add_argument(
-        "--json", action="store_true", help="one JSON object for scripts (README: status)"
+        "--json",
+        action="store_true",
+        help="one JSON object for scripts (docs/operators/running.md)",
     )
     p.add_argument(
         "--tenant",
@@ -402,7 +404,7 @@ def _config_lines(error: BaseException) -> list[str]:
         f"clinical-sync: {len(problems)} settings are missing or wrong:",
         *(f"  {line}" for line in problems),
         "  do:   "
-        + (advice or "set them in the environment or in .env (README: Configuration)")
+        + (advice or "set them in the environment or in .env (docs/operators/configuration.md)")
         + ", then run again",
     ]
 

@@ -89,7 +89,7 @@ def _hours(value: float | None) -> str:
 def status_json(
     states: Sequence[EntityStatus], path: str | Path, tenant: str | None = None
 ) -> dict[str, object]:
-    """`status --json`: the keys are a contract (README, status), added to, never renamed."""
+    """`status --json`: the keys are a contract (docs/operators/running.md), added to, never renamed."""
     results = [s.last_result for s in states if s.last_result is not None]
     sets = []
     for s in states:

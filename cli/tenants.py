@@ -4,8 +4,8 @@ With a tenants file (CLINICAL_TENANTS_FILE) `sync --tenant NAME` runs one tenant
 this process, as `sync` runs the one customer; `sync --all-tenants` runs every tenant's, each
 `sync --tenant` in its own process forked from this one (which has imported Dagster and the
 pipelines once), up to the instance's global maximum at once, so a tenant that fails or hangs
-never stops the others. Its exit status is the worst of the tenants' (README, Running it:
-many customers).
+never stops the others. Its exit status is the worst of the tenants' (docs/operators/running.md,
+with a tenants file).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def configured() -> Tenants:
     """The tenants file CLINICAL_TENANTS_FILE names, loaded and checked; ConfigError without."""
     path = home.tenants_file()
     if path is None:
-        raise ConfigError(TENANTS_VARIABLE, "the path of a tenants file (README: Configuration)")
+        raise ConfigError(
+            TENANTS_VARIABLE, "the path of a tenants file (docs/operators/tenants.md)"
+        )
     return tenants.load(path)
 
 
@@ -342,7 +344,7 @@ def _runs_table(runs: Sequence[TenantRun]) -> str:
 def status_tenants(names: Sequence[str], as_json: bool = False) -> int:
     """Each named tenant's warehouse, as `status` shows one customer's; `--json`: a list of
     the one-customer objects, each naming its tenant."""
-    from cli.commands import end_orphans_of
+    from cli.orphans import end_orphans_of
     from warehouse.load import status as warehouse_status
 
     found = configured()

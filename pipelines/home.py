@@ -246,16 +246,17 @@ def inherited(opened: DagsterInstance) -> Iterator[None]:
 
 
 @contextmanager
-def given_or_ephemeral(given: DagsterInstance | None) -> Iterator[DagsterInstance]:
-    """`given`, or an ephemeral instance for one in-process run, disposed after it (its
-    temporary folder and SQLite connections with it, never left to the garbage collector)."""
+def own_instance(given: DagsterInstance | None) -> Iterator[DagsterInstance]:
+    """The caller's instance, or an ephemeral one for one in-process run, closed with the run:
+    its temporary folder removed then, not left to the garbage collector (a ResourceWarning in
+    whatever ran next)."""
     from dagster import DagsterInstance
 
     if given is not None:
         yield given
         return
-    with DagsterInstance.ephemeral() as made:
-        yield made
+    with DagsterInstance.ephemeral() as own:
+        yield own
 
 
 @contextmanager

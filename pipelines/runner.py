@@ -281,18 +281,13 @@ def sync(
     checked = checked or check_configuration(env, tenant)
     webhook = checked.webhook
     resources = resources_from_env(env, lake_root, warehouse_path, tenant, checked, **options)
-    job = (
-        keys.BACKFILL_JOB
-        if backfill_from is not None
-        else keys.FULL_JOB
-        if full
-        else keys.NIGHTLY_JOB
-    )
+    job = keys.FULL_JOB if full else keys.NIGHTLY_JOB
+    job = keys.BACKFILL_JOB if backfill_from is not None else job
     place = _place(checked, lake_root, warehouse_path, tenant)
     project = models_project(env, tenant.warehouse if tenant else warehouse_path)
     what = f"clinical-sync {job}"
     with (
-        home.given_or_ephemeral(instance) as instance,
+        home.own_instance(instance) as instance,
         writing(working_path(warehouse_path), wait=LOCK_WAIT_SECONDS, what=what, say=say),
     ):
         if tenant and tenant.name not in instance.get_dynamic_partitions(TENANT_DIMENSION):
@@ -381,7 +376,7 @@ def sync_documents(
     place = _place(checked, lake_root, warehouse_path, None)
     what = "clinical-sync documents sync"
     with (
-        home.given_or_ephemeral(instance) as instance,
+        home.own_instance(instance) as instance,
         writing(working_path(warehouse_path), wait=LOCK_WAIT_SECONDS, what=what, say=say),
     ):
         if place.source is not None:

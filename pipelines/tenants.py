@@ -1,5 +1,5 @@
 """The tenants file: the customers one deployment syncs, each with its own service, credentials,
-rate limit, warehouse and lake (README, Configuration: many customers).
+rate limit, warehouse and lake (docs/operators/tenants.md).
 
 TOML, because Python reads it with `tomllib` (no new library) and it holds comments. One
 `[[tenant]]` table per customer, an optional `[defaults]` table with values every tenant takes
@@ -71,7 +71,9 @@ class TenantsFileError(ConfigError):
         self.problems = problems
         self.variable = TENANTS_VARIABLE
         self.expected = f"a valid tenants file ({path})"
-        self.advice = f"correct {path} or the variables and files it names (README: Configuration)"
+        self.advice = (
+            f"correct {path} or the variables and files it names (docs/operators/tenants.md)"
+        )
 
 
 @dataclass(frozen=True)
@@ -336,7 +338,7 @@ def _path(
 
 
 HEADER = """\
-# Tenants of clinical-records-sync (CLINICAL_TENANTS_FILE; README, Configuration).
+# Tenants of clinical-records-sync (CLINICAL_TENANTS_FILE; docs/operators/tenants.md).
 # Secrets are never written here: client_secret and api_key name an environment variable,
 # { env = "NAME" }, or a file, { file = "PATH" } (relative paths from this file's folder).
 """

@@ -271,5 +271,5 @@ def _unpack(rider: Rider, record: dict, parent: Any) -> None:
     if not isinstance(children, list) or not isinstance(count, int) or count > len(children):
         rider.parents_cut_short.append(parent)
         return
-    rider.reached += count
+    rider.counted[parent] = count
     rider.arrived.extend(children)

@@ -30,8 +30,8 @@ window's last read had passed, changes no count and waits for the next run (whic
 that day again). With `created_at` only, or no cursor, an update of a record already read
 cannot be seen, and a range count cannot tell an insert from a delete in the same range.
 A text field without a stated format orders as text, not in time: it is no change cursor
-(`EntitySet.change_cursor`). `blind` says what each set cannot see, and README.md ("How a
-sync spends its requests") tells operators.
+(`EntitySet.change_cursor`). `blind` says what each set cannot see, and docs/sync.md tells
+operators.
 """
 
 from __future__ import annotations

@@ -54,13 +54,19 @@ class Rider:
     writer: BatchWriter
     reconciler: Reconciler | None
     arrived: list[dict] = field(default_factory=list)
-    reached: int = 0  # the nested counts of the parents read
+    counted: dict[Any, int] = field(default_factory=dict)  # parent -> its nested count
     parents_cut_short: list[Any] = field(default_factory=list)  # their children did not all come
     fetched: int = 0
     keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
     no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
     refs: dict[Any, Any] = field(default_factory=dict)  # key -> its parent reference, as sent
     choice: str = ""
+
+    @property
+    def reached(self) -> int:
+        """The nested counts of the parents read, each parent once (a page's overlap, or a
+        parent shown again in a newer version, brings its count again: the latest stands)."""
+        return sum(self.counted.values())
 
     def add(self, records: list[dict]) -> None:
         """Records of this set, however they came: to the batch, the reconciler, and the

@@ -178,10 +178,11 @@ def sent_pairs(sent: Mapping[str, Mapping[Any, dict]]) -> dict[str, set[tuple]]:
     prescriptions = by_id("Prescriptions")
     patients, branches, physicians = by_id("Patients"), by_id("Branches"), by_id("Physicians")
 
-    def person(record: dict | None) -> str:
-        """As `concat_ws(' ', first_name, last_name)`: nulls left out, no one an empty text."""
+    def person(record: dict | None) -> str | None:
+        """As `nullif(concat_ws(' ', first_name, last_name), '')`: nulls left out, and no one
+        (no physician, or one without a name) NULL, never an empty text."""
         parts = (record or {}).get("first_name"), (record or {}).get("last_name")
-        return " ".join(p for p in parts if p is not None)
+        return " ".join(p for p in parts if p is not None) or None
 
     def children(name: str) -> set[tuple]:
         return {

@@ -29,8 +29,9 @@ def build(root: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def manual(tmp_path: Path) -> Path:
-    """A copy of mkdocs.yml and docs/ to break."""
+    """A copy of mkdocs.yml and docs/ to break, with BENCHMARKS.md (docs/benchmarks.md includes it)."""
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copy(ROOT / "BENCHMARKS.md", tmp_path / "BENCHMARKS.md")
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     return tmp_path
 
@@ -41,6 +42,10 @@ def test_the_manual_builds_without_a_warning(manual: Path) -> None:
     assert "WARNING" not in built.stderr, built.stderr[-3000:]
     assert (manual / "site" / "index.html").exists()
     assert (manual / "site" / "ARCHITECTURE.html").exists()
+    assert (manual / "site" / "operators" / "configuration.html").exists()
+    # The repository's BENCHMARKS.md, included whole where make bench writes it.
+    first = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines()[0].lstrip("# ")
+    assert first in (manual / "site" / "benchmarks.html").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
@@ -61,3 +66,9 @@ def test_a_page_left_out_of_the_nav_fails_the_build(manual: Path) -> None:
     (manual / "docs" / "ORPHAN.md").write_text("# Nobody links here\n", encoding="utf-8")
     built = build(manual)
     assert built.returncode != 0 and "ORPHAN.md" in built.stderr, built.stderr[-3000:]
+
+
+def test_a_missing_benchmarks_file_fails_the_build(manual: Path) -> None:
+    (manual / "BENCHMARKS.md").unlink()
+    built = build(manual)
+    assert built.returncode != 0 and "BENCHMARKS.md" in built.stderr, built.stderr[-3000:]

@@ -347,7 +347,7 @@ def test_claim_amounts_still_add_up_exactly(data):
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 29])
 def test_every_decimal_has_at_most_20_integer_and_12_fraction_digits(seed):
-    """The profile's promise (README, "The sandbox"), which DECIMAL(38,12) keeps: claims'
+    """The profile's promise (docs/sandbox.md), which DECIMAL(38,12) keeps: claims'
     balances and patient amounts too, drawn beside `paid` and added to it, and through a
     day of inserts and updates."""
     store = Store(seed=seed, scale=0.08, values="wide")

@@ -200,11 +200,11 @@ def published(tmp_path, monkeypatch) -> Path:
 def test_sql_prints_a_table(published, capsys):
     assert main(["sql", "-c", "SELECT * FROM clinical.claims ORDER BY id"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines() == [
-        "id  state   amount",
-        "--  -----  -------",
-        " 1  open   12.5000",
-        "22  NULL    7.0000",
+    assert out.splitlines() == [  # a decimal without its scale's zeros (cli/cells.py)
+        "id  state  amount",
+        "--  -----  ------",
+        " 1  open     12.5",
+        "22  NULL        7",
         "(2 rows)",
     ]
 

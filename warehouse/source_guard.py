@@ -1,7 +1,7 @@
 """A run is refused before any step and any request when its warehouse or its lake holds
-another source's data (README, "Exit statuses": nothing ran). The loads and extractions check
-again as they write (`Warehouse.check_source`, `Lake.record_source`), for runs that no
-command started: the schedule's, the UI's."""
+another source's data (docs/operators/running.md, "Exit statuses": nothing ran). The loads and
+extractions check again as they write (`Warehouse.check_source`, `Lake.record_source`), for
+runs that no command started: the schedule's, the UI's."""
 
 from __future__ import annotations
 

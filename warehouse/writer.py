@@ -14,7 +14,8 @@ The lock is a POSIX record lock (`fcntl.lockf`): the kernel releases it when its
 dies, however it dies, so a killed writer never leaves it held; and a filesystem that
 forwards POSIX locks to its server (a local disk, NFSv4, NFSv3 with lockd) holds it across the
 hosts that share the volume. A filesystem that does not (some FUSE and SMB mounts) makes it
-a lock per host: keep the working copy on one that does (README, "One writer").
+a lock per host: keep the working copy on one that does (docs/operators/running.md, "One
+writer").
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ class Pager:
                 fresh.append(record)
                 continue
             keyed.append(key)
-            self.previous[key] = record
+            self.previous[key] = dict(record)  # as sent: a reader may take from it
             if key not in self.seen:
                 self.seen.add(key)
                 fresh.append(record)

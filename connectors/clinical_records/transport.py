@@ -3,8 +3,9 @@
 Every attempt first takes a slot from the machine-wide limiter. 429, 500, 502, 503, 504,
 connection errors, dropped connections, read timeouts and bodies that are not the promised
 JSON are retried with exponential backoff and jitter (or the server's Retry-After), within
-`max_attempts` and `retry_budget_seconds`. A 401 earns one token refresh and one retry. Other
-4xx raise the typed errors of `errors.py` at once.
+`max_attempts` and `retry_budget_seconds`. A 401 earns a token refresh and a retry (twice at
+most in one call: its retries can outlive a fresh token). Other 4xx raise the typed errors of
+`errors.py` at once.
 
 A log line per attempt names the method, the entity set, the status, the duration, the
 attempt and the query option *names*: never a URL, a key, a value, a token or a document id.
@@ -397,7 +398,10 @@ class Transport:
         body: Callable[[], dict[str, Any]] | None,
     ) -> Any:
         deadline = self.clock.monotonic() + self.settings.retry_budget_seconds
-        refreshed = False
+        # A refresh per token refused, two at most: a 401 again after a call's retries have
+        # outlived the fresh token is its expiry again (a 1.5 s token, simulation seed 1298);
+        # a third means the credentials are wrong.
+        tokens_refused: list[str] = []
         reason = ""
         attempt = 0
         refused = 0  # attempts in a row that found no connection at all
@@ -420,8 +424,8 @@ class Transport:
                 response = self.http.send(request, stream=True)
                 status = response.status_code
                 try:
-                    if status == 401 and not refreshed:
-                        refreshed = True
+                    if status == 401 and token not in tokens_refused and len(tokens_refused) < 2:
+                        tokens_refused.append(token)
                         self.tokens.invalidate(token)
                         reason = "401 unauthorized"
                         self.counters.add(retries=1)

@@ -18,7 +18,7 @@ def _secret(prefix: str) -> str:
 
 # What the data is drawn from: "spec", the default (values our catalogue chose, the data every
 # recorded figure was measured on), or "wide": every value each field's spec type allows
-# (connectors/sandbox/wide.py; README, "The sandbox").
+# (connectors/sandbox/wide.py; docs/sandbox.md).
 VALUE_PROFILES = ("spec", "wide")
 
 

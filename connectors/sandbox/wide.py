@@ -1,7 +1,7 @@
 """The `wide` values profile (issue 29): every field drawn from its spec type alone, not from
 the catalogue's key families, so the sandbox can catch a mistake in the catalogue.
 
-What each spec type allows, as this profile reads the spec (README, "The sandbox"):
+What each spec type allows, as this profile reads the spec (docs/sandbox.md):
 - Edm.String: text of every shape (names, codes, digits with and without leading zeros,
   UUIDs, 30+ digits, unicode, quotes, characters a URL or an OData literal must escape,
   whitespace at the ends, the empty string where the field is optional), within its max

@@ -362,9 +362,9 @@ def assert_equal_to_source(
 ) -> None:
     """Live rows equal the source now: no key missing, extra or held twice, no value stale.
     A set the run skipped is not compared; a set read by `created_at` increments is
-    compared by key (an update waits for its snapshot: README, "How a sync spends its
-    requests"). What a set's reconciliation says it cannot see (`Reconciliation.blind`) may
-    differ, only for keys drift changed since change number `since` (the run's start):
+    compared by key (an update waits for its snapshot: docs/sync.md). What a set's
+    reconciliation says it cannot see (`Reconciliation.blind`) may differ, only for keys
+    drift changed since change number `since` (the run's start):
     any of them in a set without `updated_at`; in one whose `updated_at` is a date, one
     written again on the same day."""
     source = truth(target.server)

@@ -46,7 +46,7 @@ FAULTS = {
 }
 # Every 10 requests at CI size. Under `make soak` a set's read is 10x longer: every 33, it
 # meets about three times the changes it meets at CI size. Every 10 there, Appointments'
-# deletes behind the read arrive faster than halving key ranges finds them (README).
+# deletes behind the read arrive faster than halving key ranges finds them (docs/reliability.md).
 DRIFT = {
     "drift_every": max(10, 10 * SIZE // 3),
     "drift_inserts": 1,

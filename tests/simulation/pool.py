@@ -48,6 +48,11 @@ class SimFuture(Future):
         return super().exception(timeout)
 
 
+# Tasks answered within another's request at most this deep: a pool's threads, not one
+# task per patient nested in the one before (a run with hundreds pending overflowed the stack).
+IN_FLIGHT = 8
+
+
 class Scheduler:
     """Every pool of one simulated run shares it: the tasks pending anywhere, and the seed's
     choice of which runs next."""
@@ -56,10 +61,11 @@ class Scheduler:
         self.rng, self.eagerness = rng, eagerness
         self.in_flight_at_cancel = in_flight_at_cancel
         self.pending: list[SimFuture] = []
+        self.running = 0  # tasks running now, each inside the one before
 
     def interleave(self) -> None:
         """Before the service answers a request: maybe a task sent earlier is answered first."""
-        while self.pending and self.rng.random() < self.eagerness:
+        while self.pending and self.running < IN_FLIGHT and self.rng.random() < self.eagerness:
             self._run(self.rng.choice(self.pending))
 
     def run_until(self, wanted: SimFuture) -> None:
@@ -67,12 +73,17 @@ class Scheduler:
             if wanted not in self.pending:
                 return  # running further up this very call chain
             others = [f for f in self.pending if f is not wanted]
-            pick = wanted if not others or self.rng.random() < 0.6 else self.rng.choice(others)
+            free = bool(others) and self.running < IN_FLIGHT
+            pick = wanted if not free or self.rng.random() < 0.6 else self.rng.choice(others)
             self._run(pick)
 
     def _run(self, task: SimFuture) -> None:
         self.pending.remove(task)
-        task.run()
+        self.running += 1
+        try:
+            task.run()
+        finally:
+            self.running -= 1
 
 
 class SimPool(Executor):

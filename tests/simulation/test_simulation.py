@@ -17,6 +17,10 @@ from tests.simulation.world import Scenario
 SEEDS = int(os.environ.get("CLINICAL_SIM_SEEDS", "200"))
 CHUNK = 50
 DUCKDB_SEEDS = (3, 34, 12, 17, 61, 88)  # the real lake and warehouse; the Branches shape among them
+# Seeds a sweep found failing, kept once mended: 1092 (a key deleted and given anew, the
+# oracle), 1123 (tasks nested past the stack), 1173 (a parent's children counted twice at a
+# window's overlap: two claims missed, called exact), 1298 (a 401 after a fresh token expired)
+FOUND = (1092, 1123, 1173, 1298)
 
 
 def _failures(seeds: range | tuple[int, ...], backend: str = "model") -> list[str]:
@@ -26,6 +30,11 @@ def _failures(seeds: range | tuple[int, ...], backend: str = "model") -> list[st
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
 def test_no_set_is_wrong_while_called_exact(first):
     failures = _failures(range(first, min(first + CHUNK, SEEDS)))
+    assert not failures, "\n".join(failures)
+
+
+def test_the_seeds_sweeps_found_stay_mended():
+    failures = _failures(FOUND)
     assert not failures, "\n".join(failures)
 
 
