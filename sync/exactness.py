@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from connectors.clinical_records.meter import Look
 from connectors.clinical_records.query import Query
-from connectors.clinical_records.transport import Look
 from sync.reconcile_ledger import Ledger
 from sync.reconcile_source import Source
 

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.meter import Look
 from connectors.clinical_records.query import Query
-from connectors.clinical_records.transport import Look
 
 
 class Source(Protocol):

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from connectors.clinical_records.catalogue import ALL_BY_NAME, ENTITY_SETS, EntitySet, partition_of
 from connectors.clinical_records.client import ClinicalClient
-from connectors.clinical_records.transport import Look
+from connectors.clinical_records.meter import Look
 from sync.exactness import LastLook, unsettled
 from sync.extract import Batches, Extraction, record_writer
 from sync.reconcile import Reconciler, Reconciliation

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from connectors.clinical_records.transport import Counters
+from connectors.clinical_records.meter import Counters
 
 
 def test_measure_gives_the_difference_made_inside() -> None:

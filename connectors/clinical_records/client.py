@@ -13,11 +13,12 @@ from urllib.parse import parse_qsl
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.errors import MalformedResponse, NotFound
+from connectors.clinical_records.meter import Counters
 from connectors.clinical_records.paging import COUNT, Page, Pager, Progress
 from connectors.clinical_records.query import Expand, Expr, Query
 from connectors.clinical_records.ratelimit import RequestLimiter, shared_limiter
 from connectors.clinical_records.settings import Settings
-from connectors.clinical_records.transport import Call, Counters, Transport, Wire, path_key
+from connectors.clinical_records.transport import Call, Transport, Wire, path_key
 
 __all__ = ["ClinicalClient", "Page"]
 

@@ -23,8 +23,9 @@ import httpx
 
 from connectors.clinical_records.catalogue import ALL_BY_NAME, FAMILIES, EntitySet
 from connectors.clinical_records.client import ClinicalClient
+from connectors.clinical_records.meter import Look
 from connectors.clinical_records.settings import Settings
-from connectors.clinical_records.transport import Look, Wire
+from connectors.clinical_records.transport import Wire
 from connectors.sandbox.app import Sandbox
 from connectors.sandbox.config import SandboxConfig, ScriptedDrift
 from sync import phase

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from connectors.clinical_records.transport import Counters
+from connectors.clinical_records.meter import Counters
 from pipelines.assets import API_FIGURES, LOAD_FIGURES, extraction_metadata, run_figures
 from pipelines.runner import SUMMARY_COLUMNS
 from sync.extract import Extraction
