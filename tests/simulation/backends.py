@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import duckdb
 import msgspec
 
 from connectors.clinical_records.catalogue import EntitySet
@@ -19,8 +18,7 @@ from connectors.clinical_records.keys import entity_key
 from sync.extract import Batches, Extraction, LakeBatches
 from sync.state import CommittedState
 from tests.simulation.model import MemoryBatches, ModelWarehouse
-from tests.truth import canonical
-from warehouse.ident import column_list, qualified
+from tests.truth import canonical, live_rows
 from warehouse.lake import Lake
 from warehouse.load import Warehouse
 
@@ -107,13 +105,7 @@ class DuckDBBackend:
             )
 
     def held(self, entity: EntitySet) -> dict[Any, Any]:
-        with duckdb.connect(str(self.path), read_only=True) as con:
-            con.execute("SET TimeZone = 'UTC'")
-            table = con.sql(
-                f"SELECT {column_list(f.name for f in entity.fields)} "
-                f'FROM {qualified("clinical", entity.table)} WHERE "_deleted_at" IS NULL'
-            ).to_arrow_table()
-        return {r[entity.key]: r for r in table.to_pylist()}
+        return live_rows(self.path, entity)
 
     def expected(self, entity: EntitySet, records: list[dict]) -> dict[Any, Any]:
         return canonical(entity, records)
