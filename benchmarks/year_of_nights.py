@@ -35,7 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import record
-from connectors.clinical_records.catalogue import ALL_ENTITIES, DOCUMENTS, EntitySet
+from connectors.clinical_records.catalogue import ALL_ENTITIES, DOCUMENTS, PATIENTS, EntitySet
+from connectors.sandbox.document_store import DocumentStore
 from connectors.sandbox.store import Store
 from warehouse import ddl, models
 from warehouse.lake import Lake
@@ -87,6 +88,8 @@ class DayLog:
             table.upsert = self._watch(table.upsert, self.touched[name], self.gone[name])
             table.delete = self._watch(table.delete, self.gone[name], self.touched[name])
         docs = store.documents
+        patients = store.tables[PATIENTS.name]
+        patients.delete = self._with_documents(patients.delete, docs)
         docs.add = self._watch_document(docs.add)
         docs.delete = self._watch(
             docs.delete,
@@ -114,6 +117,20 @@ class DayLog:
             into.add(key)
             out_of.discard(key)
             return method(*args)
+
+        return watched
+
+    def _with_documents(
+        self, delete: Callable[[Any], bool], docs: DocumentStore
+    ) -> Callable[[Any], bool]:
+        """A patient deleted takes its documents with it: the API reaches them only through
+        their patient (404 for it), and the nightly marks them deleted (the store keeps them)."""
+
+        def watched(key: Any) -> bool:
+            for meta in docs.list(str(key)):
+                self.gone[DOCUMENTS.name].add(meta["id"])
+                self.touched[DOCUMENTS.name].discard(meta["id"])
+            return delete(key)
 
         return watched
 

@@ -255,12 +255,14 @@ def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
 
     script = DLT_SOURCE.parent / "year_of_nights.py"
     out = tmp_path / "year.json"
-    cmd = [sys.executable, str(script), "--scale", "0.05", "--days", "4", "--json", str(out)]
+    # scale 0.2 over five nights: on night 3 a patient with a document is deleted, whose
+    # document the warehouse must mark deleted as the nightly does (the API reaches it no more)
+    cmd = [sys.executable, str(script), "--scale", "0.2", "--days", "5", "--json", str(out)]
     run = run_measured(cmd, child_env({}), tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     year = json.loads(out.read_text())
     assert year["equals_source"] is True
-    assert [n["night"] for n in year["nights"]] == [1, 2, 3, 4]
+    assert [n["night"] for n in year["nights"]] == [1, 2, 3, 4, 5]
     assert all(n["changes"] > 0 and n["warehouse_s"] > 0 for n in year["nights"])
     history = [n["history_rows"] for n in year["nights"]]
     assert history == sorted(history) and history[-1] > history[0] > 0
