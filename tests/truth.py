@@ -17,7 +17,7 @@ from warehouse.normalise import normalise
 def sent(server: SandboxServer) -> dict[str, dict[object, dict]]:
     """Every current record by set and key, decoded from the JSON the sandbox sends (its
     `/_sandbox/truth`, encoded as every answer is): strings exactly as sent, decimals as
-    their text, numbers as ints. tests/test_sandbox_wide_values.py checks that the pages of
+    their text, numbers as ints. tests/sandbox_wide/ checks that the pages of
     the API send these very values."""
     truth = server.control().truth()
     return {
