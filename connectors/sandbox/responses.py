@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from connectors.sandbox.errors import ODataError
 from connectors.sandbox.routes import API_PREFIX
 
+# The same bytes as json.dumps(ensure_ascii=False, separators=(",", ":")) for every value the
+# store holds (both values profiles compared record by record), in a fifth of the time: a page
+# is encoded on every request, the simulation's and the benchmarks' hottest line.
+_ENCODER = msgspec.json.Encoder()
+
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    payload = _ENCODER.encode(body)
     return Response(payload, status, headers, media_type="application/json; charset=utf-8")
 
 

@@ -6,7 +6,6 @@ them."""
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,12 +21,12 @@ from tests.truth import canonical, live_rows
 from warehouse.lake import Lake
 from warehouse.load import Warehouse
 
-_DECODE = msgspec.json.Decoder()
+_DECODE, _ENCODE = msgspec.json.Decoder(), msgspec.json.Encoder()
 
 
 def as_sent(record: dict) -> dict:
     """A record of the service's store as its answers carry it (JSON and back)."""
-    return _DECODE.decode(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+    return _DECODE.decode(_ENCODE.encode(record))
 
 
 class Backend(Protocol):

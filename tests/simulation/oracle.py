@@ -108,7 +108,8 @@ def _excuse(
     """Count the differences the run declared it could not see in the set."""
     if not blind or not during:
         return
-    versions = _run_versions(entity, during)
+    wanted = {_as_sent(entity, key) for key in (*verdict.differ, *verdict.extra)}
+    versions = _run_versions(entity, during, wanted)
     if blind & {Blind.UPDATES, Blind.SAME_DAY}:
         held = backend.held(entity)
         for key in verdict.differ:
@@ -124,15 +125,15 @@ def _excuse(
         verdict.excused += 2 * min(len(inserted), len(existed))
 
 
-def _run_versions(entity: EntitySet, served: list) -> dict[Any, list[dict]]:
-    """Every version (as sent) of every record the service held while the run read, by key."""
-    tables = {id(t): t for t in (one.truth.sets[entity.name] for one in served)}
+def _run_versions(entity: EntitySet, served: list, keys: set[Any]) -> dict[Any, list[dict]]:
+    """Every version (as sent) of the records `keys` names that the service held while the
+    run read, by key (only the keys asked: a run's snapshots are many, their records more)."""
+    tables = {id(t): t for t in (one.truth.sets[entity.name] for one in served)}.values()
     versions: dict[Any, list[dict]] = {}
-    for table in tables.values():
-        for key, record in table.items():
-            held = versions.setdefault(key, [])
-            if not any(record is other for other in held):
-                held.append(record)
+    for key in keys:
+        distinct = {id(t[key]): t[key] for t in tables if key in t}
+        if distinct:
+            versions[key] = list(distinct.values())
     return versions
 
 
