@@ -241,6 +241,7 @@ class Reconciler:
                 self.mark.catch_up()
                 continue  # requests followed the probe: the last look is yet to come
             self.mark.move(self.mark.probed)
+            self.ledger.count_shown()
             agrees = self.total == self.ledger.counted
             missing = expected_new - (self.ledger.inserted - inserted_before)
             if agrees and missing > 0 and not searched and not self._spent():
@@ -269,6 +270,7 @@ class Reconciler:
     def _report(self, stop: Stop, unconfirmed: int) -> Reconciliation:
         """The result, and a warning for whatever is left unreconciled."""
         assert self.total is not None
+        self.ledger.count_shown()
         self.residual = abs(self.total - self.ledger.counted)
         self.unconfirmed = unconfirmed
         if stop is Stop.WINDOW_UNREAD:
