@@ -146,11 +146,11 @@ class Ledger:
 
     def count_shown(self) -> None:
         """The keys answers carried into the batch, held from now on: the warehouse will hold
-        them, so the keys compared with the source's count must include them. (Seed 1914: a
-        set without a change cursor, four records inserted below its keys came with a probe's
-        page into the batch but not into the keys held; four deletes the count cancelled
-        them with went unseen, and the set was called exact with the warehouse four over.)
-        A key found gone stays gone: the range that showed it gone answered later."""
+        them, so the keys compared with the source's count must include them (seed 1914: four
+        such keys cancelled as many unseen deletes in the count, and a set was called exact
+        four records over). A key found gone stays gone: the range that showed it gone
+        answered later. Called before each comparison with a count (`Reconciler`), not in
+        `seen`: the job that asked reads the answer next, and takes the records not held."""
         new = self.shown - self.held - self.gone
         self.held |= new
         self.inserted += len(new)

@@ -13,14 +13,20 @@ from connectors.sandbox.errors import ODataError
 from connectors.sandbox.routes import API_PREFIX
 
 # The same bytes as json.dumps(ensure_ascii=False, separators=(",", ":")) for every value the
-# store holds (both values profiles compared record by record), in a fifth of the time: a page
-# is encoded on every request, the simulation's and the benchmarks' hottest line.
+# store holds (both values profiles compared record by record), 8 to 10 times faster (a page
+# of 100 patients: 0.26 to 0.33 ms against 2.5): a page is encoded on every request.
 _ENCODER = msgspec.json.Encoder()
 
 
+def encode_json(body: Any) -> bytes:
+    """A body as the sandbox sends it; the simulation's `as_sent` encodes records with it."""
+    return _ENCODER.encode(body)
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    payload = _ENCODER.encode(body)
-    return Response(payload, status, headers, media_type="application/json; charset=utf-8")
+    return Response(
+        encode_json(body), status, headers, media_type="application/json; charset=utf-8"
+    )
 
 
 def error_response(error: ODataError, headers: dict[str, str] | None = None) -> Response:

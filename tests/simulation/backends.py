@@ -14,6 +14,7 @@ import msgspec
 
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.keys import entity_key
+from connectors.sandbox.responses import encode_json
 from sync.extract import Batches, Extraction, LakeBatches
 from sync.state import CommittedState
 from tests.simulation.model import MemoryBatches, ModelWarehouse
@@ -21,12 +22,12 @@ from tests.truth import canonical, live_rows
 from warehouse.lake import Lake
 from warehouse.load import Warehouse
 
-_DECODE, _ENCODE = msgspec.json.Decoder(), msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder()
 
 
 def as_sent(record: dict) -> dict:
-    """A record of the service's store as its answers carry it (JSON and back)."""
-    return _DECODE.decode(_ENCODE.encode(record))
+    """A record of the service's store as its answers carry it (the sandbox's JSON and back)."""
+    return _DECODE.decode(encode_json(record))
 
 
 class Backend(Protocol):
