@@ -8,6 +8,7 @@ the current one, so a burst of 401s in flight costs one refresh, not one each.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -39,8 +40,10 @@ RETRIABLE_TOKEN_ERRORS = (httpx.TransportError,)
 
 
 class Clock(Protocol):
-    """What paces the client: a token's renewal, a retry's backoff; and the wall time its
-    looks are stamped with (`Wire.clock`)."""
+    """What paces the client: a token's renewal, a retry's backoff and its jitter; and the
+    wall time its looks are stamped with (`Wire.clock`). The jitter is the clock's too: a
+    backoff drawn from the process's own random state would make a simulated run's timing,
+    and so its token expiries and its requests, depend on what else that process drew."""
 
     def monotonic(self) -> float: ...
 
@@ -48,11 +51,14 @@ class Clock(Protocol):
 
     def time(self) -> float: ...
 
+    def uniform(self, low: float, high: float) -> float: ...
+
 
 class _SystemClock:
     monotonic = staticmethod(time.monotonic)
     sleep = staticmethod(time.sleep)
     time = staticmethod(time.time)
+    uniform = staticmethod(random.uniform)
 
 
 SYSTEM_CLOCK: Clock = _SystemClock()

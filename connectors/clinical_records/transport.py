@@ -101,10 +101,11 @@ def retry_after_seconds(header: str | None, now: float | None = None) -> float |
     return min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, seconds))
 
 
-def backoff(attempt: int) -> float:
-    """Exponential backoff with jitter: uniform in [d/2, d], d = base * 2^(attempt-1), capped."""
+def backoff(attempt: int, uniform: Callable[[float, float], float] = random.uniform) -> float:
+    """Exponential backoff with jitter: uniform in [d/2, d], d = base * 2^(attempt-1), capped;
+    `uniform` draws the jitter (the wire's clock's, so that a simulation replays)."""
     delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1))
-    return random.uniform(delay / 2, delay)
+    return uniform(delay / 2, delay)
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext:
@@ -340,7 +341,7 @@ class Transport:
                     if status == 429:
                         self.counters.add(throttled=1)
                         told = retry_after_seconds(response.headers.get("retry-after"))
-                        pause = told if told is not None else backoff(attempt)
+                        pause = told if told is not None else backoff(attempt, self.clock.uniform)
                         self.limiter.throttled(pause)
                         raise _Retry("429 too many requests", pause)
                     if is_retriable_status(status) and (call.idempotent or status == 503):
@@ -371,7 +372,7 @@ class Transport:
                 if call.shows:
                     self.counters.look(call.shows, sent, self.clock.time())
                 return result
-            delay = backoff(attempt) if wait is None else wait
+            delay = backoff(attempt, self.clock.uniform) if wait is None else wait
             if attempt >= self.settings.max_attempts or self.clock.monotonic() + delay > deadline:
                 break
             self.counters.add(retries=1)

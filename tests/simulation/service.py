@@ -17,8 +17,15 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import httpx
 import msgspec
 
-from connectors.clinical_records.catalogue import ALL_BY_NAME, DOCUMENTS, ENTITY_SETS, EntitySet
+from connectors.clinical_records.catalogue import (
+    ALL_BY_NAME,
+    DOCUMENTS,
+    ENTITY_SETS,
+    PATIENTS,
+    EntitySet,
+)
 from connectors.sandbox.app import Sandbox
+from connectors.sandbox.faults import GARBLED_BODIES
 from connectors.sandbox.responses import ConnectionDropped
 from connectors.sandbox.routes import API_PREFIX
 
@@ -167,19 +174,25 @@ class InProcessService(httpx.BaseTransport):
         return False
 
     def _note(self, request: httpx.Request, status: int, body: bytes) -> None:
-        """A successful answer to an entity set or a listing of documents, with the data it
-        reflects."""
+        """An answer the client can read, to an entity set or a listing of documents, with
+        the data it reflects. A 200 whose body is garbled shows nothing (the client retries
+        it); a listing answered 404 shows that the patient has no documents (it is gone)."""
         path = urlsplit(str(request.url)).path
-        if status >= 400 or not path.startswith(API_PREFIX + "/") or request.method != "GET":
+        if not path.startswith(API_PREFIX + "/") or request.method != "GET":
+            return
+        if body in GARBLED_BODIES:
             return
         resource = unquote(path[len(API_PREFIX) + 1 :])
+        listing = resource.endswith(")/" + DOCUMENTS.name)
+        if status >= 400 and not (status == 404 and listing):
+            return
         params = dict(parse_qsl(request.url.query.decode(), keep_blank_values=True))
         name, _, rest = resource.partition("(")
         entity = ALL_BY_NAME.get(name)
         if entity is None:
             return
         patients: frozenset[str] = frozenset()
-        if rest.endswith(")/" + DOCUMENTS.name):
+        if listing:
             touched = frozenset({DOCUMENTS.name})
             patients = frozenset({rest[: -len(")/" + DOCUMENTS.name)]})
         elif rest and "/" in rest:
@@ -199,11 +212,13 @@ class InProcessService(httpx.BaseTransport):
         documents = store.documents
         version = (len(store.changes), documents._serial, len(documents.content))
         if self.journal._truth is None or version != self.journal._version:
+            patients = store.table(PATIENTS.name).by_key
             self.journal._truth = Truth(
                 {e.name: dict(store.table(e.name).by_key) for e in ENTITY_SETS},
-                {
+                {  # a patient's documents show only while the patient is there (else 404)
                     str(p): frozenset(tuple(sorted(m.items())) for m in docs)
                     for p, docs in store.documents.by_patient.items()
+                    if patients.get(p) is not None
                 },
             )
             self.journal._version = version

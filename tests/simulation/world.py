@@ -64,11 +64,13 @@ class Killed(BaseException):
 
 
 class SimClock:
-    """The client's and the service's clock: moves on with every request and every sleep."""
+    """The client's and the service's clock: moves on with every request and every sleep;
+    its jitter (a retry's backoff) drawn from the seed, not from the process."""
 
-    def __init__(self, step: float) -> None:
+    def __init__(self, step: float, seed: int) -> None:
         self.now, self.step = 1_000.0, step
         self.stamps = 0
+        self.jitter = random.Random(seed)
 
     def monotonic(self) -> float:
         return self.now
@@ -83,6 +85,9 @@ class SimClock:
 
     def tick(self) -> None:
         self.now += self.step
+
+    def uniform(self, low: float, high: float) -> float:
+        return self.jitter.uniform(low, high)
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,7 @@ class World:
         self.scenario, self.settle_at_end = scenario, settle_at_end
         self.root = Path(tempfile.mkdtemp(prefix=f"sim-{scenario.seed}-"))
         self.backend: Backend = BACKENDS[backend](self.root)
-        self.clock = SimClock(step=0.01)
+        self.clock = SimClock(step=0.01, seed=scenario.seed)
         self.sandbox = Sandbox(scenario.sandbox_config(), clock=self.clock.monotonic)
         self.service = InProcessService(self.sandbox, before=self._before_request)
         self.scheduler = Scheduler(
