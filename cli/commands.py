@@ -100,7 +100,7 @@ def sync(args: argparse.Namespace) -> int:
     ]
     for ending in verdict.not_exact:
         names = ", ".join(c.name for c in ending.failed)
-        lines.append(f"  {ending.entity}: may differ by {ending.unreconciled:,}; failed {names}")
+        lines.append(f"  {ending.entity}: {ending.differs_by}; failed {names}")
     print("\n".join([*lines, *alert_lines(report.alert)]), file=sys.stderr)
     return exit_codes.NOT_EXACT
 

@@ -66,10 +66,7 @@ def message(verdict: Verdict, warehouse: str, tenant: str | None = None) -> dict
     for ending in verdict.not_exact:
         rows = f"{ending.live_rows:,} rows, " if ending.live_rows is not None else ""
         names = ", ".join(c.name for c in ending.failed)
-        lines.append(
-            f"- {ending.entity}: {rows}may differ from the source by {ending.unreconciled:,}; "
-            f"failed: {names}"
-        )
+        lines.append(f"- {ending.entity}: {rows}{ending.differs_by}; failed: {names}")
     if verdict.failure is None:
         lines.append("The run published; `clinical-sync status` and analytics.sync_health say so.")
     fields = {

@@ -75,6 +75,14 @@ class SetEnding:
     unreconciled: int
     live_rows: int | None
 
+    @property
+    def differs_by(self) -> str:
+        """How far off the set is, as much as the run knows: a count's difference is a floor
+        (inserts and deletes cancel in it), and a set failed by other checks has none."""
+        if self.unreconciled:
+            return f"differs from the source by at least {self.unreconciled:,}"
+        return "differs from the source by an unknown number of records"
+
 
 @dataclass(frozen=True)
 class Verdict:

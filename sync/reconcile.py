@@ -93,7 +93,9 @@ class Reconciliation:
 
     @property
     def unreconciled(self) -> int:
-        """Records by which the set may differ from the source after the run."""
+        """Records by which the set differs from the source after the run, at least: a
+        source that changes between any two requests can hide as many inserts as deletes in
+        every count a run holds, so no figure bounds it from above (docs/reliability.md)."""
         return self.residual + self.stale + self.unconfirmed
 
     @property

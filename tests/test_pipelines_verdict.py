@@ -23,7 +23,7 @@ from connectors.clinical_records.catalogue import CLAIMS
 from connectors.clinical_records.errors import AuthenticationError
 from pipelines.alerts import message
 from pipelines.keys import table_key
-from pipelines.verdict import Ending, verdict, verdict_of_run
+from pipelines.verdict import Ending, SetEnding, verdict, verdict_of_run
 
 
 @contextmanager
@@ -83,7 +83,7 @@ def test_a_set_not_exact_carries_its_figures_into_the_message():
     body = message(found, "data/warehouse.duckdb", tenant="north-clinic")
     assert "tenant north-clinic, warehouse data/warehouse.duckdb" in body["text"]
     assert (
-        "- Claims: 1,500 rows, may differ from the source by 7; failed: row_count_matches_source"
+        "- Claims: 1,500 rows, differs from the source by at least 7; failed: row_count_matches_source"
         in body["text"]
     )
     fields = body["clinical_sync"]
@@ -111,3 +111,12 @@ def test_a_failure_says_why_only_for_errors_of_ours(ours):
     else:
         assert found.failure.kind == "ValueError" and "Zoë" not in text
         assert "ValueError (its message is in the run's log)" in text
+
+
+def test_a_set_failed_without_a_count_says_its_difference_is_unknown():
+    """A count's difference is a floor (inserts and deletes cancel in it), and a set failed
+    by another check has none: neither is said as a figure it is not."""
+    floor = SetEnding("Claims", (), unreconciled=7, live_rows=None)
+    unknown = SetEnding("Claims", (), unreconciled=0, live_rows=None)
+    assert floor.differs_by == "differs from the source by at least 7"
+    assert "unknown number" in unknown.differs_by and "0" not in unknown.differs_by

@@ -134,8 +134,9 @@ OPS_TABLES: dict[str, tuple[str, Columns]] = {
             ),
             "unreconciled": (
                 "BIGINT",
-                "Records by which the set may differ from the source after the run (what "
-                "reconciliation could not settle within its budget; 0 when it settled all)",
+                "Records by which the set differs from the source after the run, at least "
+                "(what reconciliation could not settle within its budget; 0 when it settled "
+                "all): a count's difference, which inserts and deletes may hide in part",
             ),
             "failed_checks": ("VARCHAR[]", "Checks of severity ERROR that failed"),
             "warned_checks": ("VARCHAR[]", "Checks of severity WARN that failed (warned)"),
