@@ -1,11 +1,15 @@
 """Known orphans read again in batches: the children held last run under a parent that was
-not read now (a dangling reference, or a parent deleted since) are asked for by key, as many
-keys per request as `id eq a or id eq b or ...` fits `QUERY_LIMIT`.
+not read now (a dangling reference, or a parent deleted since) are asked for by key, and
+every child of such a parent that the warehouse held by reference (`prescription_id eq p`),
+as many terms per request as `id eq a or prescription_id eq p or ...` fits `QUERY_LIMIT`.
+By reference finds what no key names: a child the day inserted under a parent the run then
+deleted before its page, which no page brings and only a count could miss (seed 6281: a
+count cancelled it against a delete, and the set was called exact).
 
 Spec 4.2 lists `eq, gt, ge, lt, le, and` as the `$filter` operators seen, so `or` may be
-refused: the first batch of two keys or more is the probe (it costs nothing where `or` is
+refused: the first batch of two terms or more is the probe (it costs nothing where `or` is
 accepted). A 400 is remembered in `ServiceMemory`, like a refused Documents expansion, and
-the keys are then asked for one request each until `retry_after` has passed. The planner
+the terms are then asked for one request each until `retry_after` has passed. The planner
 (`sync/riders.py`) prices the re-read with `requests` before choosing to ride or read alone.
 Logs carry counts only, never an id (PHI).
 """
@@ -31,9 +35,19 @@ and nginx (`large_client_header_buffers` 8k) accept by default: a batch is not r
 for its length by a service behind ordinary servers, and about 85 numeric keys fit."""
 
 
+Term = tuple[str, Any]  # `field eq value`: a key, or a reference to a parent
+
+
 def key_query(entity: EntitySet, keys: Sequence[Any]) -> Query:
     """One request for `keys` (in the API's kind): `id eq a or id eq b ...`, one page."""
     return Query(entity, filter=any_of(*(F(entity.key) == k for k in keys)), top=len(keys))
+
+
+def terms_query(entity: EntitySet, terms: Sequence[Term]) -> Query:
+    """The records any of `terms` matches: one page where all are keys, else paged."""
+    if all(name == entity.key for name, _ in terms):
+        return key_query(entity, [value for _, value in terms])
+    return Query(entity, filter=any_of(*(F(name) == value for name, value in terms)))
 
 
 def query_length(entity: EntitySet, keys: Sequence[Any]) -> int:
@@ -43,29 +57,45 @@ def query_length(entity: EntitySet, keys: Sequence[Any]) -> int:
 
 def batches(entity: EntitySet, keys: Sequence[Any], limit: int = QUERY_LIMIT) -> list[list[Any]]:
     """`keys` in order, cut into requests that each fit `limit` and one page (at most
-    PAGE_SIZE keys, so one request brings every record asked for). A key too long to share a
-    request still gets one of its own. Linear: a batch's length grows by what each key adds,
-    never measured whole again."""
-    out: list[list[Any]] = []
+    PAGE_SIZE keys, so one request brings every record asked for)."""
+    plan = term_batches(entity, [(entity.key, k) for k in keys], limit)
+    return [[value for _, value in batch] for batch in plan]
+
+
+def term_batches(
+    entity: EntitySet, terms: Sequence[Term], limit: int = QUERY_LIMIT
+) -> list[list[Term]]:
+    """`terms` in order, cut into requests that each fit `limit` (at most PAGE_SIZE terms).
+    A term too long to share a request still gets one of its own. Linear: a batch's length
+    grows by what each term adds, never measured whole again (as a key query: its `$top`
+    only lengthens it, so a paged one fits too)."""
+    out: list[list[Term]] = []
     length = 0  # of the last batch's query
-    for key in keys:
+    for term in terms:
         last = out[-1] if out else None
         if last and len(last) < PAGE_SIZE:
-            grown = length + _added(entity, key, len(last))
+            grown = length + _added(entity, term, len(last))
             if grown <= limit:
-                last.append(key)
+                last.append(term)
                 length = grown
                 continue
-        out.append([key])
-        length = query_length(entity, [key])
+        out.append([term])
+        length = len(urlencode(_as_keys(entity, [term]).params(), quote_via=quote))
     return out
 
 
-def _added(entity: EntitySet, key: Any, n: int) -> int:
-    """How much longer `key_query`'s encoded query grows as `key` joins `n` keys: its ` or`
-    term, the parentheses a second key brings (`any_of`), a digit more of `$top` at 10 and 100."""
-    term = _encoded(f" or {(F(entity.key) == key).render(entity)}")
-    return term + (_encoded("()") if n == 1 else 0) + len(str(n + 1)) - len(str(n))
+def _as_keys(entity: EntitySet, terms: Sequence[Term]) -> Query:
+    """`terms` as `key_query` words them (`$top` included): the longest a batch's query is."""
+    return Query(entity, filter=any_of(*(F(n) == v for n, v in terms)), top=len(terms))
+
+
+def _added(entity: EntitySet, term: Term, n: int) -> int:
+    """How much longer a batch's encoded query grows as `term` joins `n` terms: its ` or`
+    term, the parentheses a second term brings (`any_of`), a digit more of `$top` at 10 and
+    100."""
+    name, value = term
+    words = _encoded(f" or {(F(name) == value).render(entity)}")
+    return words + (_encoded("()") if n == 1 else 0) + len(str(n + 1)) - len(str(n))
 
 
 def _encoded(text: str) -> int:
@@ -73,47 +103,72 @@ def _encoded(text: str) -> int:
     return len(quote(text, safe=""))
 
 
-def requests(entity: EntitySet, keys: Sequence[Any], memory: ServiceMemory) -> int:
-    """What re-reading `keys` costs: one request per batch, or per key where the service
-    refused `or` (a service not yet asked is expected to accept: a refusal costs one more)."""
-    if not keys:
+def requests(
+    entity: EntitySet, keys: Sequence[Any], memory: ServiceMemory, refs: Sequence[Term] = ()
+) -> int:
+    """What re-reading `keys`, and the children `refs` names, costs: one request per batch,
+    or per term where the service refused `or` (a service not yet asked is expected to
+    accept: a refusal costs one more); a batch whose children fill more than a page, more."""
+    terms = [(entity.key, k) for k in keys] + list(refs)
+    if not terms:
         return 0
     if memory.refuses(FILTER_OR_REFUSED):
-        return len(keys)
-    return len(batches(entity, keys))
+        return len(terms)
+    return len(term_batches(entity, terms))
 
 
 def read_known(
-    client: ClinicalClient, entity: EntitySet, keys: Sequence[Any], memory: ServiceMemory, say: Any
+    client: ClinicalClient,
+    entity: EntitySet,
+    keys: Sequence[Any],
+    memory: ServiceMemory,
+    say: Any,
+    refs: Sequence[Term] = (),
 ) -> list[dict]:
-    """The records of `keys` that still exist, in batches where `or` is accepted."""
-    if not keys:
+    """The records of `keys` that still exist, and every child `refs` names (`(reference,
+    parent)`), in batches where `or` is accepted."""
+    terms = [(entity.key, k) for k in keys] + list(refs)
+    if not terms:
         return []
     if memory.refuses(FILTER_OR_REFUSED):
-        return _one_by_one(client, entity, keys)
-    plan = batches(entity, keys)
+        return _one_by_one(client, entity, terms)
+    plan = term_batches(entity, terms)
     probe = next((i for i, batch in enumerate(plan) if len(batch) > 1), None)
-    found = _one_by_one(client, entity, [k for batch in plan[:probe] for k in batch])
+    found = _one_by_one(client, entity, [t for batch in plan[:probe] for t in batch])
     if probe is None:
         return found
     try:
-        found += client.page(entity, key_query(entity, plan[probe]))["value"]
+        found += _matching(client, entity, plan[probe])
     except BadRequest as refused:
         memory.refuse(FILTER_OR_REFUSED)
-        rest = [k for batch in plan[probe:] for k in batch]
+        rest = [t for batch in plan[probe:] for t in batch]
         say.warning(
             f"{entity.name}: the service refused 'or' in $filter ({refused.status}); "
-            f"{len(rest)} records held under a parent not read are asked for one request "
-            f"each, until it is tried again"
+            f"{len(rest)} records or parents not read now are asked for one request each, "
+            f"until it is tried again"
         )
         return found + _one_by_one(client, entity, rest)
     memory.accepted(FILTER_OR_REFUSED)
-    fetch = lambda batch: client.page(entity, key_query(entity, batch))["value"]  # noqa: E731
+    fetch = lambda batch: _matching(client, entity, batch)  # noqa: E731
     for records in client.each(fetch, plan[probe + 1 :]):
         found += records or []
     return found
 
 
-def _one_by_one(client: ClinicalClient, entity: EntitySet, keys: Sequence[Any]) -> list[dict]:
-    """Each record by its key; one deleted meanwhile (404) is not."""
-    return [record for record in client.by_key(entity, keys) if record is not None]
+def _matching(client: ClinicalClient, entity: EntitySet, terms: Sequence[Term]) -> list[dict]:
+    """Every record one batch's terms match (a page of keys; children, page after page)."""
+    query = terms_query(entity, terms)
+    if query.top is not None:
+        return client.page(entity, query)["value"]
+    return [r for page in client.iter_pages(entity, query) for r in page.records]
+
+
+def _one_by_one(client: ClinicalClient, entity: EntitySet, terms: Sequence[Term]) -> list[dict]:
+    """Each record by its key (one deleted meanwhile, 404, is not), each parent's children
+    by its reference."""
+    keys = [value for name, value in terms if name == entity.key]
+    found = [record for record in client.by_key(entity, keys) if record is not None]
+    for term in terms:
+        if term[0] != entity.key:
+            found += _matching(client, entity, [term])
+    return found

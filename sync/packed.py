@@ -11,8 +11,8 @@ proved, never assumed:
    (documents: listed per patient).
 2. **Per set.** Children that no parent reaches (a null or a dangling reference) are the
    set's count when the read began less the nested counts. Those with a null reference are
-   read by `<reference> eq null`, those held under a parent not read by key
-   (sync/orphans.py), the rest found by the reconciliation's key ranges. Where that costs
+   read by `<reference> eq null`, those held under a parent not read by key, and every
+   child of such a parent by reference (sync/orphans.py), the rest found by the reconciliation's key ranges. Where that costs
    more than reading the set alone (dangling references spread through the keys), the set
    is read alone instead, and the plan says why (sync/rider_plan.py).
 3. **Under change.** Every set but the documents keeps its own `Reconciler`: what moved

@@ -20,9 +20,10 @@ from connectors.clinical_records.keys import entity_key, key_text
 class HeldChildren:
     """The children the warehouse held last run, by what became of their parent."""
 
-    under_parent_not_read: tuple[Any, ...] = ()  # asked for by key (known orphans)
+    under_parent_not_read: tuple[Any, ...] = ()  # asked for by key (known orphans) ...
     under_parent_read: tuple[Any, ...] = ()  # did not come with their parent: gone
     without_parent: tuple[Any, ...] = ()  # a null reference: found by filter
+    parents_not_read: tuple[Any, ...] = ()  # of the first: their children asked by reference
 
 
 def held_children(
@@ -31,15 +32,21 @@ def held_children(
     """Split the held children (key -> parent's key, as the warehouse holds them) by their
     parent: read whole this run (as `key_text`), not read, or none. Keys in the API's kind."""
     not_read, read, without = [], [], []
+    parents_not_read: dict[str | None, Any] = {}
     for held_key, parent in parents.items():
         key = entity_key(entity, held_key)
         if key is None:
             continue
         if parent is None:
             without.append(key)
+        elif key_text(parent) in parents_read_whole:
+            read.append(key)
         else:
-            (read if key_text(parent) in parents_read_whole else not_read).append(key)
-    return HeldChildren(tuple(not_read), tuple(read), tuple(without))
+            not_read.append(key)
+            parents_not_read.setdefault(key_text(parent), parent)
+    return HeldChildren(
+        tuple(not_read), tuple(read), tuple(without), tuple(parents_not_read.values())
+    )
 
 
 def orphan_cost(pages: int, nulls: int, dangling: int) -> int:
@@ -59,7 +66,7 @@ class Completion:
     started_total: int  # the set's count when the read began
     reached: int  # the nested counts of the parents read
     nulls: int  # children with a null reference (counted only when some were not reached)
-    known: int  # held under a parent not read now: asked for by key ...
+    known: int  # held under a parent not read now: asked for by key and by parent ...
     known_requests: int  # ... in this many requests (`orphans.requests`)
     parents_cut_short: int  # parents whose children did not all come: read one by one
 
@@ -98,7 +105,8 @@ class Completion:
             )
         return (
             f"with its parents; {self.nulls} with no parent read by filter, {self.known} held "
-            f"under a parent not read asked for by key in {self.known_requests} requests, "
+            f"under a parent not read asked for by key and by parent in {self.known_requests} "
+            f"requests, "
             f"about {self.new} new with a missing parent found by key ranges, "
             f"{self.parents_cut_short} parents read alone (about {self.find} requests against "
             f"{self.pages} to read it alone)"

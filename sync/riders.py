@@ -18,7 +18,7 @@ from connectors.clinical_records.catalogue import (
 )
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.documents import DocumentsClient
-from connectors.clinical_records.keys import entity_key, key_text
+from connectors.clinical_records.keys import entity_key, key_text, to_api
 from connectors.clinical_records.query import F, Query
 from sync import orphans
 from sync.extract import BatchWriter, Extraction, cursor_filter, record_writer
@@ -111,6 +111,7 @@ def complete(
     held = held_children(entity, rider.input.parents, read_whole)
     rider.no_parent.update(held.without_parent)
     known, gone = list(held.under_parent_not_read), held.under_parent_read
+    refs = _vanished(rider, held.parents_not_read, parents)
     new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
         some_not_reached = reconciler.started_total > rider.reached
@@ -120,7 +121,7 @@ def complete(
             rider.reached,
             nulls,
             len(known),
-            orphans.requests(entity, known, memory),
+            orphans.requests(entity, known, memory, refs),
             len(rider.parents_cut_short),
         )
         rider.choice = completion.reason()
@@ -136,18 +137,19 @@ def complete(
         rider.add(rider.arrived)
         rider.add(_all(client, entity, cursor_filter(plan)))
         rider.choice = f"{plan.reason}, and with its parents; {len(rider.parents_cut_short)} parents read alone"
-        known = []  # their writes come by cursor; a delete among them shows in the count
+        known, refs = [], []  # their writes come by cursor; a delete among them shows in the count
         _settle_no_parent(rider, client, reconciler)
     for parent in rider.parents_cut_short:
         children = _all(client, entity, F(remote) == parent)
         rider.add(children)
         new = max(0, new - len(children))  # not reached, but no orphans
     known = [k for k in known if k not in rider.keys]
-    found = orphans.read_known(client, entity, known, memory, say)
+    found = orphans.read_known(client, entity, known, memory, say, refs)
     rider.add(found)
     reconciler.forget(k for k in gone if k not in rider.keys)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
+    new = max(0, new - len(there - set(held.under_parent_not_read)))  # found by reference
     if new:  # children of parents deleted before their page: searched by their reference
         parents_read = {key_text(p) for p in parents}
         found = reconciler.find_children(remote, sorted(rider.refs.values()), new, parents_read)
@@ -178,6 +180,16 @@ def _complete_documents(
     record_writer(result, rider.writer, rider.fetched)
     say.info(f"{rider.entity.name}: {rider.fetched} read, {rider.choice}")
     return result
+
+
+def _vanished(rider: Rider, held_parents: tuple[Any, ...], parents: list[Any]) -> list[Any]:
+    """The parents of held children that no page brought now (deleted since, or dangling),
+    as `(reference, parent)` terms: every child of theirs is asked for, not only the held
+    ones, so that a child the day added under a parent the run then deleted is found."""
+    remote, read = rider.nav.remote, {key_text(p) for p in parents}
+    field = rider.entity.field(remote)
+    refs = (to_api(field, p) for p in held_parents if key_text(p) not in read)
+    return [(remote, ref) for ref in refs if ref is not None]
 
 
 def _settle_no_parent(rider: Rider, client: ClinicalClient, reconciler: Reconciler) -> None:

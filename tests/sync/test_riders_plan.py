@@ -13,7 +13,10 @@ def test_held_children_are_split_by_what_became_of_their_parent() -> None:
     parents = {"1": "P1", "2": "P2", "3": None, "4": "P1", None: "P1"}
     held = held_children(CLAIMS, parents, parents_read_whole={"P1"})
     assert held == HeldChildren(
-        under_parent_not_read=(2,), under_parent_read=(1, 4), without_parent=(3,)
+        under_parent_not_read=(2,),
+        under_parent_read=(1, 4),
+        without_parent=(3,),
+        parents_not_read=("P2",),
     )
     assert held_children(CLAIMS, {}, {"P1"}) == HeldChildren()
 
