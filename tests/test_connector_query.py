@@ -40,6 +40,16 @@ def rendered(entity: cat.EntitySet, expr) -> str:
             F("updated_at") >= datetime(2024, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=2))),
             "updated_at ge 2024-01-02T03:04:05Z",
         ),
+        (  # RFC 3339's lower-case `t` (seed 7384: a change mark as the service sent it)
+            cat.APPOINTMENTS,
+            F("updated_at") >= "2026-11-01t19:00:43.459-05:00",
+            "updated_at ge 2026-11-01T19:00:43.459-05:00",
+        ),
+        (
+            cat.APPOINTMENTS,
+            F("updated_at") < "2026-11-01t19:00:43z",
+            "updated_at lt 2026-11-01T19:00:43Z",
+        ),
         (cat.APPOINTMENTS, F("id") > "A00", "id gt 'A00'"),
         (cat.PATIENTS, F("last_name").startswith("Mc'"), "startswith(last_name,'Mc''')"),
     ],

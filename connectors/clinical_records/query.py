@@ -74,6 +74,8 @@ def _datetime(value: Any) -> str:
         if value.tzinfo is None:
             raise TypeError("a timezone-aware datetime")
         text = value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    elif isinstance(value, str):
+        text = value.upper()  # RFC 3339 allows `t` and `z`; a cursor is sent back as it came
     else:
         text = value
     if not isinstance(text, str) or not _DATETIME.fullmatch(text):
