@@ -38,21 +38,26 @@ for its length by a service behind ordinary servers, and about 85 numeric keys f
 Term = tuple[str, Any]  # `field eq value`: a key, or a reference to a parent
 
 
+def terms_query(entity: EntitySet, terms: Sequence[Term], *, one_page: bool = False) -> Query:
+    """The records any of `terms` matches: one page (`$top`) where all are keys or
+    `one_page` says so, else page after page."""
+    keys_only = one_page or all(name == entity.key for name, _ in terms)
+    condition = any_of(*(F(name) == value for name, value in terms))
+    return Query(entity, filter=condition, top=len(terms) if keys_only else None)
+
+
 def key_query(entity: EntitySet, keys: Sequence[Any]) -> Query:
     """One request for `keys` (in the API's kind): `id eq a or id eq b ...`, one page."""
-    return Query(entity, filter=any_of(*(F(entity.key) == k for k in keys)), top=len(keys))
-
-
-def terms_query(entity: EntitySet, terms: Sequence[Term]) -> Query:
-    """The records any of `terms` matches: one page where all are keys, else paged."""
-    if all(name == entity.key for name, _ in terms):
-        return key_query(entity, [value for _, value in terms])
-    return Query(entity, filter=any_of(*(F(name) == value for name, value in terms)))
+    return terms_query(entity, [(entity.key, k) for k in keys])
 
 
 def query_length(entity: EntitySet, keys: Sequence[Any]) -> int:
     """The encoded query string of `key_query` (what `QUERY_LIMIT` bounds)."""
-    return len(urlencode(key_query(entity, keys).params(), quote_via=quote))
+    return _length(key_query(entity, keys))
+
+
+def _length(query: Query) -> int:
+    return len(urlencode(query.params(), quote_via=quote))
 
 
 def batches(entity: EntitySet, keys: Sequence[Any], limit: int = QUERY_LIMIT) -> list[list[Any]]:
@@ -80,13 +85,8 @@ def term_batches(
                 length = grown
                 continue
         out.append([term])
-        length = len(urlencode(_as_keys(entity, [term]).params(), quote_via=quote))
+        length = _length(terms_query(entity, [term], one_page=True))  # `$top`: the longest
     return out
-
-
-def _as_keys(entity: EntitySet, terms: Sequence[Term]) -> Query:
-    """`terms` as `key_query` words them (`$top` included): the longest a batch's query is."""
-    return Query(entity, filter=any_of(*(F(n) == v for n, v in terms)), top=len(terms))
 
 
 def _added(entity: EntitySet, term: Term, n: int) -> int:
@@ -167,8 +167,8 @@ def _one_by_one(client: ClinicalClient, entity: EntitySet, terms: Sequence[Term]
     """Each record by its key (one deleted meanwhile, 404, is not), each parent's children
     by its reference."""
     keys = [value for name, value in terms if name == entity.key]
+    refs = [term for term in terms if term[0] != entity.key]
     found = [record for record in client.by_key(entity, keys) if record is not None]
-    for term in terms:
-        if term[0] != entity.key:
-            found += _matching(client, entity, [term])
+    for records in client.each(lambda term: _matching(client, entity, [term]), refs):
+        found += records or []
     return found

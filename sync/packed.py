@@ -12,9 +12,10 @@ proved, never assumed:
 2. **Per set.** Children that no parent reaches (a null or a dangling reference) are the
    set's count when the read began less the nested counts. Those with a null reference are
    read by `<reference> eq null`, those held under a parent not read by key, and every
-   child of such a parent by reference (sync/orphans.py), the rest found by the reconciliation's key ranges. Where that costs
-   more than reading the set alone (dangling references spread through the keys), the set
-   is read alone instead, and the plan says why (sync/rider_plan.py).
+   child of such a parent by reference (sync/orphans.py), the rest found by the
+   reconciliation's key ranges. Where that costs more than reading the set alone
+   (dangling references spread through the keys), the set is read alone instead, and the
+   plan says why (sync/rider_plan.py).
 3. **Under change.** Every set but the documents keeps its own `Reconciler`: what moved
    during the read is re-read before the batch is committed. An increment of a child (it
    has `updated_at`) reads its cursor range as well; a child the warehouse holds under a

@@ -20,10 +20,10 @@ from connectors.clinical_records.keys import entity_key, key_text
 class HeldChildren:
     """The children the warehouse held last run, by what became of their parent."""
 
-    under_parent_not_read: tuple[Any, ...] = ()  # asked for by key (known orphans) ...
+    under_parent_not_read: tuple[Any, ...] = ()  # asked for by key (known orphans)
     under_parent_read: tuple[Any, ...] = ()  # did not come with their parent: gone
     without_parent: tuple[Any, ...] = ()  # a null reference: found by filter
-    parents_not_read: tuple[Any, ...] = ()  # of the first: their children asked by reference
+    parents_not_read: tuple[Any, ...] = ()  # theirs: every child asked for by reference
 
 
 def held_children(
@@ -105,9 +105,9 @@ class Completion:
             )
         return (
             f"with its parents; {self.nulls} with no parent read by filter, {self.known} held "
-            f"under a parent not read asked for by key and by parent in {self.known_requests} "
-            f"requests, "
-            f"about {self.new} new with a missing parent found by key ranges, "
+            f"under a parent not read asked for by key and by parent in "
+            f"{self.known_requests} requests, about {self.new} new with a missing parent "
+            f"found by key ranges, "
             f"{self.parents_cut_short} parents read alone (about {self.find} requests against "
             f"{self.pages} to read it alone)"
         )

@@ -107,11 +107,12 @@ def complete(
     reconciler = rider.reconciler
     assert reconciler is not None and reconciler.started_total is not None
     remote = rider.nav.remote
-    read_whole = {key_text(p) for p in parents} - {key_text(p) for p in rider.parents_cut_short}
+    parents_read = {key_text(p) for p in parents}
+    read_whole = parents_read - {key_text(p) for p in rider.parents_cut_short}
     held = held_children(entity, rider.input.parents, read_whole)
     rider.no_parent.update(held.without_parent)
     known, gone = list(held.under_parent_not_read), held.under_parent_read
-    refs = _vanished(rider, held.parents_not_read, parents)
+    refs = _vanished(rider, held.parents_not_read, parents_read)
     new = 0  # records there before the read that no parent brought, nor a null reference
     if plan.mode is Mode.SNAPSHOT:
         some_not_reached = reconciler.started_total > rider.reached
@@ -127,7 +128,7 @@ def complete(
         rider.choice = completion.reason()
         if completion.read_alone:
             rider.add(_all(client, entity, None))
-            known, rider.parents_cut_short = [], []
+            known, refs, rider.parents_cut_short = [], [], []
         else:
             rider.add(rider.arrived)
             if nulls:
@@ -151,7 +152,6 @@ def complete(
     reconciler.forget(k for k in known if k not in there)
     new = max(0, new - len(there - set(held.under_parent_not_read)))  # found by reference
     if new:  # children of parents deleted before their page: searched by their reference
-        parents_read = {key_text(p) for p in parents}
         found = reconciler.find_children(remote, sorted(rider.refs.values()), new, parents_read)
         rider.add(found)
         new = max(0, new - sum(key_text(r.get(remote)) not in parents_read for r in found))
@@ -182,12 +182,11 @@ def _complete_documents(
     return result
 
 
-def _vanished(rider: Rider, held_parents: tuple[Any, ...], parents: list[Any]) -> list[Any]:
+def _vanished(rider: Rider, held_parents: tuple[Any, ...], read: set[str | None]) -> list[Any]:
     """The parents of held children that no page brought now (deleted since, or dangling),
     as `(reference, parent)` terms: every child of theirs is asked for, not only the held
     ones, so that a child the day added under a parent the run then deleted is found."""
-    remote, read = rider.nav.remote, {key_text(p) for p in parents}
-    field = rider.entity.field(remote)
+    remote, field = rider.nav.remote, rider.entity.field(rider.nav.remote)
     refs = (to_api(field, p) for p in held_parents if key_text(p) not in read)
     return [(remote, ref) for ref in refs if ref is not None]
 

@@ -218,7 +218,7 @@ class InProcessService(httpx.BaseTransport):
                 {  # a patient's documents show only while the patient is there (else 404)
                     str(p): frozenset(tuple(sorted(m.items())) for m in docs)
                     for p, docs in store.documents.by_patient.items()
-                    if patients.get(p) is not None
+                    if p in patients
                 },
             )
             self.journal._version = version
