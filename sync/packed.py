@@ -210,7 +210,7 @@ def _parent_keys(
         for record in page.records:
             key = record.get(root.key)
             for r in expanded:
-                _unpack(r, record, key)
+                _unpack(r, record, key, page.answered)
             yield key
         if root_writer:
             root_writer.add(page.records)
@@ -265,12 +265,11 @@ def _expected(rider: Rider) -> int:
     return 3 + math.ceil(no_parent / PAGE_SIZE)
 
 
-def _unpack(rider: Rider, record: dict, parent: Any) -> None:
+def _unpack(rider: Rider, record: dict, parent: Any, answered: float) -> None:
     """Take a parent's expanded children off it; note the parent if they did not all come."""
     children = record.pop(rider.nav.name, None)
     count = record.pop(f"{rider.nav.name}@odata.count", None)
     if not isinstance(children, list) or not isinstance(count, int) or count > len(children):
         rider.parents_cut_short.append(parent)
         return
-    rider.counted[parent] = count
-    rider.arrived.extend(children)
+    rider.take(parent, children, count, answered)

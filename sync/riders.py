@@ -5,7 +5,7 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +53,10 @@ class Rider:
     input: SetInput
     writer: BatchWriter
     reconciler: Reconciler | None
-    arrived: list[dict] = field(default_factory=list)
-    counted: dict[Any, int] = field(default_factory=dict)  # parent -> its nested count
+    # parent -> when the latest answer that showed it was read, and its children in it
+    shown: dict[Any, tuple[float, list[dict]]] = field(default_factory=dict)
+    superseded: list[dict] = field(default_factory=list)  # children an older answer showed
+    counted: dict[Any, int] = field(default_factory=dict)  # parent -> its latest nested count
     parents_cut_short: list[Any] = field(default_factory=list)  # their children did not all come
     fetched: int = 0
     keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
@@ -65,8 +67,31 @@ class Rider:
     @property
     def reached(self) -> int:
         """The nested counts of the parents read, each parent once (a page's overlap, or a
-        parent shown again in a newer version, brings its count again: the latest stands)."""
+        parent shown again in another version, brings its count again: the latest stands)."""
         return sum(self.counted.values())
+
+    def take(self, parent: Any, children: list[dict], count: int, answered: float) -> None:
+        """A parent's expanded children, as an answer read at `answered` showed them. Pages
+        in flight are answered in any order: of a parent shown twice, the later answer's
+        children and count stand, and the other's are superseded."""
+        before = self.shown.get(parent)
+        if before is not None and before[0] > answered:
+            self.superseded.extend(children)
+            return
+        if before is not None:
+            self.superseded.extend(before[1])
+        self.shown[parent] = (answered, children)
+        self.counted[parent] = count
+
+    def arrived(self, listed: Iterable[Any] = ()) -> list[dict]:
+        """The children the parents' pages brought, each parent's as its latest answer showed
+        them; a set that reconciles also takes those older answers showed (no record a
+        response carries is dropped: its reconciliation weighs them). Documents have no
+        reconciliation: one an older answer showed under a patient shown again without it
+        was deleted in between, and a patient `listed` alone has the listing's."""
+        skip = set(listed)
+        latest = [c for p, (_, children) in self.shown.items() if p not in skip for c in children]
+        return latest if self.reconciler is None else self.superseded + latest
 
     def add(self, records: list[dict]) -> None:
         """Records of this set, however they came: to the batch, the reconciler, and the
@@ -130,12 +155,12 @@ def complete(
             rider.add(_all(client, entity, None))
             known, refs, rider.parents_cut_short = [], [], []
         else:
-            rider.add(rider.arrived)
+            rider.add(rider.arrived())
             if nulls:
                 rider.add(_all(client, entity, F(remote) == None))  # noqa: E711
             new = completion.new
     else:
-        rider.add(rider.arrived)
+        rider.add(rider.arrived())
         rider.add(_all(client, entity, cursor_filter(plan)))
         rider.choice = f"{plan.reason}, and with its parents; {len(rider.parents_cut_short)} parents read alone"
         known, refs = [], []  # their writes come by cursor; a delete among them shows in the count
@@ -167,7 +192,7 @@ def _complete_documents(
 ) -> Extraction:
     """The documents that came with their patients, and those of each patient whose
     documents did not all come (or were not expanded), listed one patient at a time."""
-    rider.add(rider.arrived)
+    rider.add(rider.arrived(listed=rider.parents_cut_short))
     rider.add(list(_list_documents(client, rider.parents_cut_short)))
     rider.choice = (
         f"with their patients; {len(rider.parents_cut_short)} patients listed alone"

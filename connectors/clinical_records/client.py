@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.clinical_records.errors import MalformedResponse, NotFound
 from connectors.clinical_records.meter import Counters
-from connectors.clinical_records.paging import COUNT, Page, Pager, Progress
+from connectors.clinical_records.paging import COUNT, Answer, Page, Pager, Progress
 from connectors.clinical_records.query import Expand, Expr, Query
 from connectors.clinical_records.ratelimit import RequestLimiter, shared_limiter
 from connectors.clinical_records.settings import Settings
@@ -91,8 +91,8 @@ class ClinicalClient:
         pager = Pager(
             entity,
             query,
-            fetch=lambda q, n: self._fetch_page(entity, q, n),
-            fetch_link=lambda link, n: self._fetch_link(entity, link, n, shows),
+            fetch=lambda q, n: self._answer(self._fetch_page(entity, q, n)),
+            fetch_link=lambda link, n: self._answer(self._fetch_link(entity, link, n, shows)),
             executor=self.executor,
             in_flight=self.settings.max_in_flight,
             progress=progress or self.progress,
@@ -153,6 +153,12 @@ class ClinicalClient:
             raise ValueError(f"the query is for {query.entity.name}, not {entity.name}")
         call = Call("GET", entity.name, entity.name, query.params(), number, shows=query.shows())
         return self.transport.json(call, validate=collection_validator(query.count))
+
+    def _answer(self, envelope: dict[str, Any]) -> Answer:
+        """The envelope with when it was answered: the look this thread's request just left
+        (pages in flight are answered in any order; the pager keeps the newer version)."""
+        look = self.stats.latest_look()
+        return Answer(envelope, look.answered if look else self.wire.clock.time())
 
     def _fetch_link(
         self, entity: EntitySet, link: str, number: int, shows: frozenset[str]

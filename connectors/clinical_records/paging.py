@@ -23,9 +23,12 @@ The scheme:
    followed one after another instead.
 
 What this guarantees under change: every record that exists from the start to the end of
-the read is read; a record is passed on once, unless a later page shows it in another
-version (it is passed on again: no record a response carries is dropped); a record inserted
-or deleted during the read may or may not appear. Without change the count read equals `@odata.count`, and
+the read is read; a record is passed on once, unless a page answered later shows it in
+another version (it is passed on again: no record a response carries is dropped). Windows
+in flight are answered in any order: a window answered before the one that passed a record
+on shows an older version of it, which is not passed on (yielded in key order, the older
+answer would otherwise come last and win). A record inserted or deleted during the read may
+or may not appear. Without change the count read equals `@odata.count`, and
 a difference is logged.
 """
 
@@ -47,8 +50,18 @@ from connectors.clinical_records.query import Comparison, Query, all_of
 log = logging.getLogger("connectors.clinical_records.paging")
 
 Envelope = dict[str, Any]
-Fetch = Callable[[Query, int], Envelope]  # (query, page number) -> validated envelope
-FetchLink = Callable[[str, int], Envelope]  # (nextLink, page number) -> validated envelope
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A validated envelope and when its answer was read (the meter's clock, `Look`)."""
+
+    envelope: Envelope
+    answered: float
+
+
+Fetch = Callable[[Query, int], Answer]  # (query, page number) -> the answer
+FetchLink = Callable[[str, int], Answer]  # (nextLink, page number) -> the answer
 Progress = Callable[[str, int, int], None]
 
 NEXT_LINK = "@odata.nextLink"
@@ -63,6 +76,7 @@ class Page:
     records: list[dict]
     number: int
     total: int | None
+    answered: float  # when the answer that brought it was read: of two, the later is newer
 
 
 def paging_query(entity: EntitySet, query: Query | None) -> Query:
@@ -106,7 +120,8 @@ class Pager:
         self.progress = progress
         self.key = entity.key
         self.seen: set[Any] = set()
-        self.previous: dict[Any, dict] = {}  # the last page's records by key (the overlap)
+        # the last page's records by key (the overlap), with when their version was answered
+        self.previous: dict[Any, tuple[dict, float]] = {}
         self.last: Any = None  # the greatest key read so far (keys are read in order)
         self.total: int | None = None
         self.number = 0
@@ -117,11 +132,12 @@ class Pager:
     # -- the run ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Page]:
-        first = self.fetch(self.base.replace(count=True, top=PAGE_SIZE), 0)
+        answer = self.fetch(self.base.replace(count=True, top=PAGE_SIZE), 0)
+        first = answer.envelope
         self.total = first.get(COUNT)
         records = first["value"]
         if first.get(NEXT_LINK):
-            yield from self._emit(records)
+            yield from self._emit(answer)
             yield from self._follow(first[NEXT_LINK])
             return
         if 0 < len(records) < PAGE_SIZE and (self.total or 0) > len(records):
@@ -130,7 +146,7 @@ class Pager:
         step = size - 1
         windows = math.ceil(max(0, (self.total or 0) - size) / step) if step > 0 else 0
         self.pages_total = 1 + windows
-        yield from self._emit(records)
+        yield from self._emit(answer)
         if windows == 0:
             if len(self.seen) < (self.total or 0):  # the server pages in ones: keyset it
                 yield from self._keyset(upper=None)
@@ -138,7 +154,8 @@ class Pager:
             return
         last_full = False
         with closing(self._windows(windows, size, step)) as fetched:
-            for window in fetched:
+            for answer in fetched:
+                window = answer.envelope["value"]
                 if not window:
                     yield from self._keyset(upper=None)  # deletes moved the end: read on to it
                     self._check_total()
@@ -147,15 +164,15 @@ class Pager:
                 if first_key not in self.seen:
                     self.repairs += 1
                     yield from self._keyset(upper=first_key)
-                yield from self._emit(window)
+                yield from self._emit(answer)
                 last_full = len(window) >= size
         if last_full:
             yield from self._keyset(upper=None)
         self._check_total()
 
-    def _windows(self, count: int, size: int, step: int) -> Iterator[list[dict]]:
+    def _windows(self, count: int, size: int, step: int) -> Iterator[Answer]:
         """Window k = records k*step .. k*step+size-1, fetched ahead in parallel, in order."""
-        pending: dict[int, Future[Envelope]] = {}
+        pending: dict[int, Future[Answer]] = {}
         ahead = 2 * self.in_flight
         next_to_submit = 1
         try:
@@ -166,7 +183,7 @@ class Pager:
                         self.fetch, query, next_to_submit
                     )
                     next_to_submit += 1
-                yield pending.pop(k).result()["value"]
+                yield pending.pop(k).result()
         finally:
             for future in pending.values():
                 future.cancel()
@@ -178,10 +195,10 @@ class Pager:
             if upper is not None:
                 bounds.append(Comparison(self.key, "lt", upper))
             query = self.base.replace(filter=all_of(self.base.filter, *bounds), top=PAGE_SIZE)
-            envelope = self.fetch(query, self.number)
-            records = envelope["value"]
+            answer = self.fetch(query, self.number)
+            envelope, records = answer.envelope, answer.envelope["value"]
             before = self.last
-            yield from self._emit(records)
+            yield from self._emit(answer)
             if envelope.get(NEXT_LINK):
                 yield from self._follow(envelope[NEXT_LINK])
             if not records:
@@ -198,34 +215,42 @@ class Pager:
             if link in visited:
                 raise PagingError(f"{self.entity.name}: the same nextLink came twice")
             visited.add(link)
-            envelope = self.fetch_link(link, self.number)
-            yield from self._emit(envelope["value"])
-            link = envelope.get(NEXT_LINK) or ""
+            answer = self.fetch_link(link, self.number)
+            yield from self._emit(answer)
+            link = answer.envelope.get(NEXT_LINK) or ""
 
-    def _emit(self, records: list[dict]) -> Iterator[Page]:
+    def _emit(self, answer: Answer) -> Iterator[Page]:
         """A page's records, each once: a key the previous page brought as it is now is the
-        windows' overlap and dropped; one seen before in another version (or further back)
-        is passed on again, for a response's record is never dropped (the newer version
-        wins the merge, sync/exactness.py)."""
+        windows' overlap and dropped, and so is its older version from an answer read before
+        the previous page's; one seen before in another version from a later answer (or
+        further back) is passed on again, for a response's record is never dropped (the newer
+        version wins the merge, sync/exactness.py)."""
         fresh = []
         keyed = []
         previous, self.previous = self.previous, {}
-        for record in records:
+        for record in answer.envelope["value"]:
             key = self._key(record)
             if key is None:  # a record without a usable key: passed on for normalise to reject
                 fresh.append(record)
                 continue
             keyed.append(key)
-            self.previous[key] = dict(record)  # as sent: a reader may take from it
+            shown, shown_at = previous.get(key, (None, None))
+            if shown_at is not None and answer.answered < shown_at:  # an older answer
+                self.previous[key] = (shown, shown_at)
+                continue
+            self.previous[key] = (
+                dict(record),
+                answer.answered,
+            )  # as sent: a reader may take from it
             if key not in self.seen:
                 self.seen.add(key)
                 fresh.append(record)
-            elif previous.get(key) != record:
+            elif shown != record:
                 fresh.append(record)
         if keyed:
             self.last = keyed[-1]  # pages arrive in key order
         if fresh:
-            yield Page(fresh, self.number, self.total)
+            yield Page(fresh, self.number, self.total, answer.answered)
             self.number += 1
             if self.progress is not None:
                 self.progress(self.entity.name, self.number, max(self.pages_total, self.number))
