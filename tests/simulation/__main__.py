@@ -23,7 +23,10 @@ if __name__ == "__main__":
         sys.exit(0 if replay(args.seed) else 1)
     first, _, last = (args.seeds or "0:100").partition(":")
     started = time.monotonic()
-    failures = explore(range(int(first), int(last)), workers=args.workers)
+    failures, beyond = explore(range(int(first), int(last)), workers=args.workers)
     seconds = time.monotonic() - started
-    print(f"{int(last) - int(first)} seeds in {seconds:.0f} s: {len(failures)} silent")
+    print(
+        f"{int(last) - int(first)} seeds in {seconds:.0f} s: {len(failures)} failed "
+        f"(silent or crashed); {beyond} sets not exact beyond the floor their run told"
+    )
     sys.exit(1 if failures else 0)

@@ -19,8 +19,9 @@ REPLAY = "PYTHONHASHSEED=0 .venv/bin/python -m tests.simulation --seed {seed}"
 @dataclass
 class Outcome:
     seed: int
-    silent: list[str]  # a set wrong by more than its run said, each as a line
+    silent: list[str]  # a set wrong while its run called it exact, each as a line
     crashed: str = ""  # the engine raised where it should have reported
+    beyond_floor: int = 0  # sets called not exact that differ by more than their floor
 
     @property
     def failed(self) -> bool:
@@ -48,28 +49,31 @@ def play(
         return Outcome(seed, [], traceback.format_exc(limit=-6)), verdicts
     finally:
         world.close()
-    return Outcome(seed, [str(v) for v in verdicts if v.silent]), verdicts
+    beyond = sum(v.beyond_floor for v in verdicts)
+    return Outcome(seed, [str(v) for v in verdicts if v.silent], beyond_floor=beyond), verdicts
 
 
 def _outcome(seed: int) -> Outcome:
     return play(seed)[0]
 
 
-def explore(seeds: Iterable[int], workers: int = 1) -> list[Outcome]:
-    """Every seed played; the failed ones, printed as they come."""
-    failures = []
+def explore(seeds: Iterable[int], workers: int = 1) -> tuple[list[Outcome], int]:
+    """Every seed played; the failed ones, printed as they come, and how many sets ended
+    beyond the floor their run told (not a failure: the figure is a floor)."""
+    failures, beyond = [], 0
     if workers <= 1:
         outcomes = map(_outcome, seeds)
     else:
         pool = ProcessPoolExecutor(workers)
         outcomes = pool.map(_outcome, seeds, chunksize=4)
     for done, outcome in enumerate(outcomes, 1):
+        beyond += outcome.beyond_floor
         if outcome.failed:
             print(outcome, flush=True)
             failures.append(outcome)
         if done % 100 == 0:
             print(f"{done} seeds played, {len(failures)} failed", file=sys.stderr, flush=True)
-    return failures
+    return failures, beyond
 
 
 def replay(seed: int) -> bool:
@@ -77,7 +81,8 @@ def replay(seed: int) -> bool:
     print(Scenario.of(seed))
     outcome, verdicts = play(seed)
     for verdict in verdicts:
-        print(("SILENT " if verdict.silent else "ok     ") + str(verdict))
+        said = "SILENT " if verdict.silent else "beyond " if verdict.beyond_floor else "ok     "
+        print(said + str(verdict))
     if outcome.crashed:
         print(outcome.crashed)
     return not outcome.failed

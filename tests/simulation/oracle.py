@@ -3,10 +3,13 @@
 A set's last look is the last request of the run whose answer reflected it (asked, or
 expanded into another set's page, or counted per parent): if the engine is right, that is
 the look it settled the set by, and the set equals the service's data as that request was
-answered. A set the run calls exact must equal it; a set it does not must differ by no more
-records than it reports. What the run declares it could not see in a set (its
-reconciliation's `blind_to`: none where the last look brought the whole set) is excused,
-and nothing else: where it cannot see an update to a record already read (no
+answered. A set the run calls exact must equal it: one that does not is silent, the outcome
+the product may never have. A set the run calls not exact is told with a floor (a count's
+difference: docs/reliability.md says why no figure can bound it from above against a
+source that changes between any two requests); one that differs by more than its floor is
+counted (`Verdict.beyond_floor`), not failed. What the run declares it could not see in a
+set (its reconciliation's `blind_to`: none where the last look brought the whole set) is
+excused, and nothing else: where it cannot see an update to a record already read (no
 `updated_at`, or only its date), a record may hold any version the service had during the
 run; where it has no change cursor, a key inserted during the run may be missing as long as
 as many held keys are extra that the service had during the run (the pair cancels in every
@@ -43,8 +46,13 @@ class Verdict:
 
     @property
     def silent(self) -> bool:
-        """Wrong by more than the run said: the one outcome the product may never have."""
-        return self.differences > self.reported
+        """Called exact while wrong: the one outcome the product may never have."""
+        return self.reported == 0 and self.differences > 0
+
+    @property
+    def beyond_floor(self) -> bool:
+        """Called not exact, and wrong by more than the floor the run told."""
+        return 0 < self.reported < self.differences
 
     def __str__(self) -> str:
         called = "exact" if self.reported == 0 else f"not exact by {self.reported}"
