@@ -212,6 +212,8 @@ def _parent_keys(
             for r in expanded:
                 _unpack(r, record, key, page.answered)
             yield key
+        for r in expanded:
+            r.end_page()
         if root_writer:
             root_writer.add(page.records)
         if root_reconciler:

@@ -5,6 +5,7 @@ their parent (the rules: sync/packed.py). Logs carry counts only, never an id (P
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,56 +47,69 @@ class SetInput:
 
 @dataclass
 class Rider:
-    """A child set riding in its parent's pages during one run."""
+    """A child set riding in its parent's pages during one run. Its children go to the batch
+    and the reconciler page by page, as they come (a family of millions of children is never
+    held in memory); documents, which have no reconciliation, are held per patient until
+    their completion (a patient listed alone has the listing's)."""
 
     entity: EntitySet
     nav: Navigation
     input: SetInput
     writer: BatchWriter
     reconciler: Reconciler | None
-    # parent -> when the latest answer that showed it was read, and its children in it
-    shown: dict[Any, tuple[float, list[dict]]] = field(default_factory=dict)
-    superseded: list[dict] = field(default_factory=list)  # children an older answer showed
-    counted: dict[Any, int] = field(default_factory=dict)  # parent -> its latest nested count
+    counted: dict[Any, tuple[float, int]] = field(
+        default_factory=dict
+    )  # parent -> (answered, count)
+    documents: dict[Any, list[dict]] = field(default_factory=dict)  # patient -> its latest answer's
     parents_cut_short: list[Any] = field(default_factory=list)  # their children did not all come
     fetched: int = 0
-    keys: set[Any] = field(default_factory=set)  # of every record taken, in the API's kind
+    taken: dict[Any, float] = field(default_factory=dict)  # key -> when its version was answered
     no_parent: set[Any] = field(default_factory=set)  # held or taken with a null reference
     refs: dict[Any, Any] = field(default_factory=dict)  # key -> its parent reference, as sent
     choice: str = ""
+    page: list[dict] = field(default_factory=list)  # children of the page being unpacked
+    page_answered: float = 0.0
 
     @property
     def reached(self) -> int:
         """The nested counts of the parents read, each parent once (a page's overlap, or a
         parent shown again in another version, brings its count again: the latest stands)."""
-        return sum(self.counted.values())
+        return sum(count for _, count in self.counted.values())
 
     def take(self, parent: Any, children: list[dict], count: int, answered: float) -> None:
         """A parent's expanded children, as an answer read at `answered` showed them. Pages
         in flight are answered in any order: of a parent shown twice, the later answer's
-        children and count stand, and the other's are superseded."""
-        before = self.shown.get(parent)
-        if before is not None and before[0] > answered:
-            self.superseded.extend(children)
+        count stands (and its documents), and of a record shown twice, the later answer's
+        version; an older one of a record already taken newer is not taken again. Taken at
+        the page's end (`end_page`)."""
+        before = self.counted.get(parent)
+        latest = before is None or before[0] <= answered
+        if latest:
+            self.counted[parent] = (answered, count)
+        if self.reconciler is None:
+            if latest:
+                self.documents[parent] = children
             return
-        if before is not None:
-            self.superseded.extend(before[1])
-        self.shown[parent] = (answered, children)
-        self.counted[parent] = count
+        self.page_answered = answered
+        self.page.extend(c for c in children if self.taken.get(self.key(c), answered) <= answered)
 
-    def arrived(self, listed: Iterable[Any] = ()) -> list[dict]:
-        """The children the parents' pages brought, each parent's as its latest answer showed
-        them; a set that reconciles also takes those older answers showed (no record a
-        response carries is dropped: its reconciliation weighs them). Documents have no
-        reconciliation: one an older answer showed under a patient shown again without it
-        was deleted in between, and a patient `listed` alone has the listing's."""
+    def end_page(self) -> None:
+        """The children a page brought, to the batch and the reconciler."""
+        if self.page:
+            self.add(self.page, answered=self.page_answered)
+            self.page = []
+
+    def arrived_documents(self, listed: Iterable[Any] = ()) -> list[dict]:
+        """Each patient's documents as the latest answer showing the patient had them (one
+        an older answer showed under a patient shown again without it was deleted in
+        between), but those of a patient `listed` alone: the listing's stand."""
         skip = set(listed)
-        latest = [c for p, (_, children) in self.shown.items() if p not in skip for c in children]
-        return latest if self.reconciler is None else self.superseded + latest
+        return [d for p, docs in self.documents.items() if p not in skip for d in docs]
 
-    def add(self, records: list[dict]) -> None:
+    def add(self, records: list[dict], *, answered: float = math.inf) -> None:
         """Records of this set, however they came: to the batch, the reconciler, and the
-        keys, references and null references the completion weighs."""
+        keys, references and null references the completion weighs; `answered`: when the
+        answer that brought them was read (records read after the pages: later than any)."""
         for start in range(0, len(records), PAGE_SIZE):  # as pages come: the writer's rhythm
             self.writer.add(records[start : start + PAGE_SIZE])
         if self.reconciler:
@@ -104,7 +118,7 @@ class Rider:
         kind = str if self.entity.field(self.nav.remote).type is Edm.STRING else int
         for record in records:
             key = self.key(record)
-            self.keys.add(key)
+            self.taken[key] = answered
             ref = record.get(self.nav.remote)
             if ref is None:
                 self.no_parent.add(key)
@@ -152,15 +166,16 @@ def complete(
         )
         rider.choice = completion.reason()
         if completion.read_alone:
-            rider.add(_all(client, entity, None))
+            brought = set(rider.taken)  # by the parents' pages, already in the batch
+            whole = _all(client, entity, None)
+            rider.add(whole)
+            reconciler.forget(brought - {rider.key(r) for r in whole})  # gone since their page
             known, refs, rider.parents_cut_short = [], [], []
         else:
-            rider.add(rider.arrived())
             if nulls:
                 rider.add(_all(client, entity, F(remote) == None))  # noqa: E711
             new = completion.new
     else:
-        rider.add(rider.arrived())
         rider.add(_all(client, entity, cursor_filter(plan)))
         rider.choice = f"{plan.reason}, and with its parents; {len(rider.parents_cut_short)} parents read alone"
         known, refs = [], []  # their writes come by cursor; a delete among them shows in the count
@@ -169,10 +184,10 @@ def complete(
         children = _all(client, entity, F(remote) == parent)
         rider.add(children)
         new = max(0, new - len(children))  # not reached, but no orphans
-    known = [k for k in known if k not in rider.keys]
+    known = [k for k in known if k not in rider.taken]
     found = orphans.read_known(client, entity, known, memory, say, refs)
     rider.add(found)
-    reconciler.forget(k for k in gone if k not in rider.keys)
+    reconciler.forget(k for k in gone if k not in rider.taken)
     there = {rider.key(r) for r in found}
     reconciler.forget(k for k in known if k not in there)
     new = max(0, new - len(there - set(held.under_parent_not_read)))  # found by reference
@@ -192,7 +207,7 @@ def _complete_documents(
 ) -> Extraction:
     """The documents that came with their patients, and those of each patient whose
     documents did not all come (or were not expanded), listed one patient at a time."""
-    rider.add(rider.arrived(listed=rider.parents_cut_short))
+    rider.add(rider.arrived_documents(listed=rider.parents_cut_short))
     rider.add(list(_list_documents(client, rider.parents_cut_short)))
     rider.choice = (
         f"with their patients; {len(rider.parents_cut_short)} patients listed alone"
