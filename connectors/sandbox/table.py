@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_left
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from connectors.clinical_records import catalogue as cat
 from connectors.clinical_records.catalogue import EntitySet
 from connectors.sandbox import columns
 from connectors.sandbox.config import PLACES
+
+SCANS_KEPT = 8  # scans a table keeps at once (a read's filter, its count, a probe's order)
 
 
 def sort_key(value: Any) -> tuple[int, Any]:
@@ -66,6 +69,22 @@ class Table:
         self.keys: list = [r.get(entity.key) for r in self.rows]  # parallel to rows, for bisection
         self._order: list[tuple[int, Any]] = [sort_key(k) for k in self.keys]
         self.by_key: dict[Any, dict] = dict(zip(self.keys, self.rows, strict=True))
+        self.version = 0  # moved on by every change, after it: what a kept scan was of
+        self._scans: dict[Hashable, tuple[int, list[dict]]] = {}
+
+    def scanned(self, what: Hashable, scan: Callable[[], list[dict]]) -> list[dict]:
+        """The rows `scan` finds, kept until the table next changes: a read's `$skip`
+        windows and its count ask the same filter page after page, and at scale 300 each
+        scanned millions of rows (the sandbox, not the client, set the pace)."""
+        kept = self._scans.get(what)
+        if kept is not None and kept[0] == self.version:
+            return kept[1]
+        version = self.version
+        rows = scan()
+        if len(self._scans) >= SCANS_KEPT:
+            self._scans.clear()
+        self._scans[what] = (version, rows)
+        return rows
 
     def get(self, key: Any) -> dict | None:
         return self.by_key.get(key)
@@ -81,6 +100,7 @@ class Table:
             self.keys.insert(position, key)
             self.rows.insert(position, record)
         self.by_key[key] = record
+        self.version += 1
 
     def delete(self, key: Any) -> bool:
         if key not in self.by_key:
@@ -88,6 +108,7 @@ class Table:
         position = bisect_left(self._order, sort_key(key))
         del self._order[position], self.keys[position], self.rows[position]
         del self.by_key[key]
+        self.version += 1
         return True
 
     def __len__(self) -> int:

@@ -41,13 +41,35 @@ def run_collection(query: Query, entity: EntitySet, table: TableView, related: R
     limit = PAGE_SIZE if query.top is None else query.top
     lo, hi = key_range(query.filter, entity, table.keys)
     direction = key_direction(query.orderby, entity)
-    if direction is None:
-        rows = map(table.rows.__getitem__, range(lo, hi))
-        page, count = sort_and_page(rows, query, entity, limit)
-    else:
+    scanned = getattr(table, "scanned", None)
+    if direction is not None and not query.count and (query.skip == 0 or scanned is None):
         indices = range(lo, hi) if direction == "asc" else range(hi - 1, lo - 1, -1)
         page, count = scan_page(map(table.rows.__getitem__, indices), query, limit)
+    else:  # every match is needed (a count, a sort) or was found before (a window)
+
+        def scan() -> list[dict]:
+            return matching(query, entity, table, (lo, hi), direction)
+
+        text = None if query.filter is None else query.filter.text
+        found = scan() if scanned is None else scanned((text, query.orderby, lo, hi), scan)
+        page = found[query.skip : query.skip + limit]
+        count = len(found) if query.count else None
     return Page([shape(record, query, entity, related) for record in page], count)
+
+
+def matching(
+    query: Query, entity: EntitySet, table: TableView, span: tuple[int, int], direction: str | None
+) -> list[dict]:
+    """Every row of `span` (indices of the key range) that the filter matches, in the
+    requested order: the key's (`direction`), else a stable sort that leaves ties in key order."""
+    lo, hi = span
+    indices = range(hi - 1, lo - 1, -1) if direction == "desc" else range(lo, hi)
+    rows = map(table.rows.__getitem__, indices)
+    found = list(rows if query.filter is None else filter(query.filter.predicate, rows))
+    if direction is None:
+        for name, descending in reversed(query.orderby):
+            found.sort(key=sort_key(name, entity.field(name).type), reverse=descending)
+    return found
 
 
 def shape(record: dict, query: Query, entity: EntitySet, related: Related) -> dict:
