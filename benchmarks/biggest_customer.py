@@ -49,6 +49,7 @@ from warehouse.memory import MEMORY_LIMIT_VARIABLE, memory_limit
 from warehouse.publish import publish
 
 UNLIMITED = 1000  # the client's requests per second and burst: the rate limit off
+DAY_TIMEOUT = 3600  # seconds the sandbox may take to make a day (minutes at scale 300)
 DAY = {
     "seconds": 86400,
     "insert_fraction": 0.01,
@@ -98,10 +99,11 @@ def one_run(scale: float, root: Path) -> dict[str, Any]:
     started = time.perf_counter()
     with sandbox_process("--scale", f"{scale:g}") as sandbox:
         source_s = round(time.perf_counter() - started, 1)
-        control = SandboxControl.from_env(sandbox)
+        control = SandboxControl.from_env(sandbox, timeout=DAY_TIMEOUT)
         env = sync_env(sandbox, root, rate=UNLIMITED, burst=UNLIMITED)
         sync = console_script("clinical-sync")
         full = stage("full", [sync, "sync", "--full"], env, root, control)
+        print(f"  scale {scale:g} full sync: {full}", flush=True)  # before hours more
         day_started = time.perf_counter()
         changed = control.advance(**DAY)
         day = {

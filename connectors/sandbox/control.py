@@ -19,11 +19,12 @@ class SandboxControl:
         self._timeout = timeout
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SandboxControl:
+    def from_env(cls, env: Mapping[str, str], timeout: float = 120) -> SandboxControl:
         """From the CLINICAL_* settings the sandbox printed: the controls live at its origin,
-        off the API's paths."""
+        off the API's paths. `timeout`: seconds an action may take (a day of changes at
+        scale 300 takes minutes)."""
         base = urlsplit(env["CLINICAL_API_BASE_URL"])
-        return cls(f"{base.scheme}://{base.netloc}", env["CLINICAL_API_KEY"])
+        return cls(f"{base.scheme}://{base.netloc}", env["CLINICAL_API_KEY"], timeout)
 
     def call(self, action: str, body: Mapping[str, Any] | None = None) -> Any:
         """GET `action`, or POST `body` to it; the decoded answer."""
