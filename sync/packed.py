@@ -213,7 +213,7 @@ def _parent_keys(
                 _unpack(r, record, key, page.answered)
             yield key
         for r in expanded:
-            r.end_page()
+            r.end_page(page.answered)
         if root_writer:
             root_writer.add(page.records)
         if root_reconciler:

@@ -57,9 +57,8 @@ class Rider:
     input: SetInput
     writer: BatchWriter
     reconciler: Reconciler | None
-    counted: dict[Any, tuple[float, int]] = field(
-        default_factory=dict
-    )  # parent -> (answered, count)
+    # parent -> when its latest answer was read, and the nested count that answer gave
+    counted: dict[Any, tuple[float, int]] = field(default_factory=dict)
     documents: dict[Any, list[dict]] = field(default_factory=dict)  # patient -> its latest answer's
     parents_cut_short: list[Any] = field(default_factory=list)  # their children did not all come
     fetched: int = 0
@@ -68,7 +67,6 @@ class Rider:
     refs: dict[Any, Any] = field(default_factory=dict)  # key -> its parent reference, as sent
     choice: str = ""
     page: list[dict] = field(default_factory=list)  # children of the page being unpacked
-    page_answered: float = 0.0
 
     @property
     def reached(self) -> int:
@@ -90,13 +88,13 @@ class Rider:
             if latest:
                 self.documents[parent] = children
             return
-        self.page_answered = answered
         self.page.extend(c for c in children if self.taken.get(self.key(c), answered) <= answered)
 
-    def end_page(self) -> None:
-        """The children a page brought, to the batch and the reconciler."""
+    def end_page(self, answered: float) -> None:
+        """The children a page (answered at `answered`) brought, to the batch and the
+        reconciler."""
         if self.page:
-            self.add(self.page, answered=self.page_answered)
+            self.add(self.page, answered=answered)
             self.page = []
 
     def arrived_documents(self, listed: Iterable[Any] = ()) -> list[dict]:

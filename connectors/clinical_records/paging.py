@@ -238,10 +238,8 @@ class Pager:
             if shown_at is not None and answer.answered < shown_at:  # an older answer
                 self.previous[key] = (shown, shown_at)
                 continue
-            self.previous[key] = (
-                dict(record),
-                answer.answered,
-            )  # as sent: a reader may take from it
+            # as sent (a reader may take from it), and when that answer was read
+            self.previous[key] = (dict(record), answer.answered)
             if key not in self.seen:
                 self.seen.add(key)
                 fresh.append(record)

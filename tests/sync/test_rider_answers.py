@@ -31,7 +31,7 @@ def test_a_document_an_earlier_answer_showed_is_gone_when_a_later_one_shows_none
         for answered, children, count in reversed(shows) if earlier_taken_last else shows:
             rider.take("P1", children, count, answered)
         rider.take("P2", [{"id": "d3"}], 1, 5.5)
-        rider.end_page()
+        rider.end_page(5.5)
         assert [d["id"] for d in rider.arrived_documents()] == ["d2", "d3"]
         assert rider.reached == 2
         assert rider.writer.records == []  # held until their completion
@@ -41,14 +41,14 @@ def test_a_document_an_earlier_answer_showed_is_gone_when_a_later_one_shows_none
 def test_a_reconciled_riders_children_go_to_the_batch_as_pages_come_the_later_version_last():
     rider = _rider("Claims")
     rider.take(7, [{"id": 1, "v": "new", "prescription_id": 7}], 1, 9.0)
-    rider.end_page()
+    rider.end_page(9.0)
     assert rider.writer.records == [{"id": 1, "v": "new", "prescription_id": 7}]
     older = [{"id": 1, "v": "old", "prescription_id": 7}, {"id": 2, "prescription_id": 7}]
     rider.take(7, older, 2, 8.0)
-    rider.end_page()
+    rider.end_page(8.0)
     assert [r.get("v") for r in rider.writer.records] == ["new", None]  # the old one not again
     assert rider.reached == 1  # the later answer's count
     assert rider.reconciler.held == {1, 2}
     rider.take(7, [{"id": 1, "v": "newest", "prescription_id": 7}], 1, 10.0)
-    rider.end_page()
+    rider.end_page(10.0)
     assert [r.get("v") for r in rider.writer.records] == ["new", None, "newest"]

@@ -44,7 +44,7 @@ def run_collection(query: Query, entity: EntitySet, table: TableView, related: R
     scanned = getattr(table, "scanned", None)
     if direction is not None and not query.count and (query.skip == 0 or scanned is None):
         indices = range(lo, hi) if direction == "asc" else range(hi - 1, lo - 1, -1)
-        page, count = scan_page(map(table.rows.__getitem__, indices), query, limit)
+        page, count = scan_page(map(table.rows.__getitem__, indices), query, limit), None
     else:  # every match is needed (a count, a sort) or was found before (a window)
 
         def scan() -> list[dict]:
@@ -65,11 +65,9 @@ def matching(
     lo, hi = span
     indices = range(hi - 1, lo - 1, -1) if direction == "desc" else range(lo, hi)
     rows = map(table.rows.__getitem__, indices)
-    found = list(rows if query.filter is None else filter(query.filter.predicate, rows))
     if direction is None:
-        for name, descending in reversed(query.orderby):
-            found.sort(key=sort_key(name, entity.field(name).type), reverse=descending)
-    return found
+        return _filtered_sorted(rows, query, entity)
+    return list(rows if query.filter is None else filter(query.filter.predicate, rows))
 
 
 def shape(record: dict, query: Query, entity: EntitySet, related: Related) -> dict:
@@ -100,24 +98,28 @@ def expanded(record: dict, expand: Expand, entity: EntitySet, related: Related) 
 # -- paging ------------------------------------------------------------------------------------
 
 
-def scan_page(rows: Iterable[dict], query: Query, limit: int) -> tuple[list[dict], int | None]:
-    """Rows already in the requested order: filter lazily, stop early unless counting."""
-    matching = rows if query.filter is None else filter(query.filter.predicate, rows)
-    if not query.count:
-        return list(islice(matching, query.skip, query.skip + limit)), None
-    matched = list(matching)
-    return matched[query.skip : query.skip + limit], len(matched)
+def scan_page(rows: Iterable[dict], query: Query, limit: int) -> list[dict]:
+    """Rows already in the requested order: filtered lazily, the scan stopped at the last
+    row the page needs (no count: `run_collection` counts from `matching`)."""
+    found = rows if query.filter is None else filter(query.filter.predicate, rows)
+    return list(islice(found, query.skip, query.skip + limit))
 
 
 def sort_and_page(
     rows: Iterable[dict], query: Query, entity: EntitySet, limit: int | None
 ) -> tuple[list[dict], int | None]:
     """Rows in key order: filter all, sort stably by `$orderby`, then skip and top."""
+    matched = _filtered_sorted(rows, query, entity)
+    end = None if limit is None else query.skip + limit
+    return matched[query.skip : end], len(matched) if query.count else None
+
+
+def _filtered_sorted(rows: Iterable[dict], query: Query, entity: EntitySet) -> list[dict]:
+    """Rows in key order, filtered, then sorted stably by `$orderby` (ties stay in key order)."""
     matched = list(rows if query.filter is None else filter(query.filter.predicate, rows))
     for name, descending in reversed(query.orderby):
         matched.sort(key=sort_key(name, entity.field(name).type), reverse=descending)
-    end = None if limit is None else query.skip + limit
-    return matched[query.skip : end], len(matched) if query.count else None
+    return matched
 
 
 _NULL_KEY = (0, 0)
