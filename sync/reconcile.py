@@ -176,8 +176,10 @@ class Reconciler:
             residual=self.residual,
             stale=self.stale,
             unconfirmed=self.unconfirmed,
-            blind=blind_spot(self.entity, self.mark.whole),
-            blind_to=frozenset(b.name for b in blind_to(self.entity, self.mark.whole)),
+            blind=blind_spot(self.entity, self.mark.whole, self.mark.split),
+            blind_to=frozenset(
+                b.name for b in blind_to(self.entity, self.mark.whole, self.mark.split)
+            ),
             parent_counts_refused=self.cells.refused,
         )
 

@@ -18,8 +18,18 @@ followed by one request that counts the window and brings its lowest hundred key
 count equals the window's keys held and nothing it shows differs, the look is complete;
 otherwise the window is read again. Between them they show the window's highest hundred keys
 (the probe orders equal cursor values by key, descending) and its lowest, so an insert at
-either end is seen even where a delete in the window cancels it in both counts; one between
-them with such a delete is not (a set without a cursor has the same blind spot in a key range).
+either end is seen even where a delete in the window cancels it in both counts.
+
+Two requests are no look at one moment, and no order of them closes that: the total and
+the window's count are two numbers no single answer gives, and whichever is asked first
+misses what changes only it before the other is answered (the probe first: a delete of a
+record older than the window; the count first: a record's first write of the day, below
+the probe's hundred). The probe comes first because updates are the commonest write and the
+count shows every one of them. So a date-cursor set whose window outgrew a page declares
+what its last look cannot see (`Blind.DAY_PAIRS`): such a delete between the two requests,
+and an insert the two pages do not show cancelled in both counts by a delete in the window.
+The next run, whose window holds that day, sees either. A set without a cursor has the same
+blind spot in a key range (`Blind.PAIRS`).
 """
 
 from __future__ import annotations
@@ -61,25 +71,32 @@ class Blind(StrEnum):
     )
     UPDATES = "no updated_at: an update during the run"
     PAIRS = "no change cursor: an insert and a delete in one key range"
+    DAY_PAIRS = (
+        "more than a hundred records carry the last day, more than one answer shows: a "
+        "delete between its last two requests, or an insert among them that a delete "
+        "cancels in every count"
+    )
 
 
-def blind_to(entity: EntitySet, whole: bool = False) -> frozenset[Blind]:
+def blind_to(entity: EntitySet, whole: bool = False, split: bool = False) -> frozenset[Blind]:
     """The changes this set's reconciliation cannot see (a count cannot tell an insert from
     a delete it cancels; only a change cursor shows an insert or an update by itself).
-    `whole`: its last look brought the whole set in one answer, which hides nothing."""
+    `whole`: its last look brought the whole set in one answer, which hides nothing;
+    `split`: it needed the window's count beside the probe (no answer held every write)."""
     if whole:
         return frozenset()
     if entity.sees_updates:
-        dated = entity.field("updated_at").type is Edm.DATE
-        return frozenset({Blind.SAME_DAY}) if dated else frozenset()
+        if entity.field("updated_at").type is not Edm.DATE:
+            return frozenset()
+        return frozenset({Blind.SAME_DAY, Blind.DAY_PAIRS} if split else {Blind.SAME_DAY})
     if entity.change_cursor:
         return frozenset({Blind.UPDATES})
     return frozenset({Blind.UPDATES, Blind.PAIRS})
 
 
-def blind_spot(entity: EntitySet, whole: bool = False) -> str:
+def blind_spot(entity: EntitySet, whole: bool = False, split: bool = False) -> str:
     """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
-    blind = blind_to(entity, whole)
+    blind = blind_to(entity, whole, split)
     if not blind:
         return ""
     return "; ".join(b.value for b in Blind if b in blind) + ": seen by the next run"
@@ -100,6 +117,7 @@ class ChangeMark:
         self.started_total: int | None = None  # the source's count when the read began
         self.probed: list[dict] = []  # the last probe's answer: the mark moves to its newest
         self.whole = False  # the last probe's answer held the whole set: it hides nothing
+        self.split = False  # the last probe did not hold every write since the mark
         self.ceiling = datetime.now(UTC) + SENTINEL_AHEAD
         ledger.watchers.append(self._note_versions)
         ledger.knowers.append(self._known)
@@ -143,7 +161,8 @@ class ChangeMark:
         self.whole = len(newest) >= int(envelope[COUNT])
         self._reread([r for r in newest if self._since_mark(r)])
         complete = len(newest) < PAGE_SIZE or self.mark is None
-        return int(envelope[COUNT]), complete or not self._in_window(newest[-1])
+        self.split = not (complete or not self._in_window(newest[-1]))
+        return int(envelope[COUNT]), not self.split
 
     def window_agrees(self) -> bool:
         """One request: how many records lie at or after the mark now, and the lowest

@@ -27,6 +27,7 @@ from tests.reliability.conftest import (
     assert_equal_to_source,
     assert_lake_sound,
     assert_reconciled,
+    blind_of,
     drifted,
     modes_of,
     record_run,
@@ -67,7 +68,9 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         moved = drifted(server, mark)
         assert sum(map(len, moved.values())) >= 6, "drift must have hit the run"
         record_run(ledger, report, len(control.changes()) - mark)
-        assert_equal_to_source(target, ledger, since=mark, modes=modes_of(report))
+        assert_equal_to_source(
+            target, ledger, since=mark, modes=modes_of(report), blind=blind_of(report)
+        )
         reconciled = {
             name: figures
             for name, figures in report.entities.items()
@@ -93,7 +96,7 @@ def test_every_run_ends_equal_to_a_drifting_source(tmp_path, ledger):
         modes = modes_of(report)
         assert modes["Appointments"] == "incremental" and modes["Patients"] == "snapshot"
         assert_reconciled(target)
-        assert_equal_to_source(target, ledger, since=mark, modes=modes)
+        assert_equal_to_source(target, ledger, since=mark, modes=modes, blind=blind_of(report))
         # An increment finds hard deletes too (the day deleted 1%): soft deletes, not rows.
         ((soft_deleted,),) = target.query(
             'SELECT "soft_deleted" FROM "ops"."sync_runs" WHERE "run_id" = ?', [report.run_id]
@@ -137,7 +140,9 @@ def test_a_capped_or_refused_expansion_stays_exact_while_the_source_drifts(
             report = target.sync_in_process(full=not day)
             record_run(ledger, report, len(control.changes()) - mark)
             assert_reconciled(target)
-            assert_equal_to_source(target, ledger, since=mark, modes=modes_of(report))
+            assert_equal_to_source(
+                target, ledger, since=mark, modes=modes_of(report), blind=blind_of(report)
+            )
             if "refuse_document_expand" in switch:  # listed per patient: one request each
                 spent = int(float(report.entities["Documents"]["requests"]))
                 assert spent >= len(truth(server)[PATIENTS.name]) * 0.9, spent

@@ -11,9 +11,10 @@ counted (`Verdict.beyond_floor`), not failed. What the run declares it could not
 set (its reconciliation's `blind_to`: none where the last look brought the whole set) is
 excused, and nothing else: where it cannot see an update to a record already read (no
 `updated_at`, or only its date), a record may hold any version the service had during the
-run; where it has no change cursor, a key inserted during the run may be missing as long as
-as many held keys are extra that the service had during the run (the pair cancels in every
-count).
+run; where it has no change cursor, or its date cursor's last day outgrew one answer, a key
+inserted during the run may be missing as long as as many held keys are extra that the
+service had during the run (the pair cancels in every count); in the second case a key the
+service deleted during the run may be extra alone (between the last look's two requests).
 """
 
 from __future__ import annotations
@@ -124,13 +125,16 @@ def _excuse(
             sent = versions.get(_as_sent(entity, key), [])
             if any(held[key] in backend.expected(entity, [v]).values() for v in sent):
                 verdict.excused += 1
-    if Blind.PAIRS in blind:
+    if blind & {Blind.PAIRS, Blind.DAY_PAIRS}:
         # inserted during the run: absent at some request (a key deleted and then given to a
         # new record, as an insert between held keys may, is an insert too)
         tables = [one.truth.sets[entity.name] for one in during]
         inserted = [k for k in verdict.missing if any(_as_sent(entity, k) not in t for t in tables)]
         existed = [k for k in verdict.extra if _as_sent(entity, k) in versions]
-        verdict.excused += 2 * min(len(inserted), len(existed))
+        paired = min(len(inserted), len(existed))
+        verdict.excused += 2 * paired
+        if Blind.DAY_PAIRS in blind:  # and a delete between its last two requests, alone
+            verdict.excused += len(existed) - paired
 
 
 def _run_versions(entity: EntitySet, served: list, keys: set[Any]) -> dict[Any, list[dict]]:

@@ -92,6 +92,28 @@ def test_a_date_cursor_reads_its_window_again_then_looks_last():
     assert reconciler.result.rounds == 2
 
 
+def test_what_a_last_look_of_two_requests_cannot_see_is_declared():
+    """CI's trace (the drift-every-nine case, seed 1): as the last round's window count
+    was answered, a claim numbered above every key was written today and one of today's
+    claims deleted; both counts agree, neither page shows either, and the set was called
+    exact with nothing declared. No order of the two requests closes it (sync/
+    reconcile_mark.py says why): the run declares it (`DAY_PAIRS`), and so does one whose
+    window needed no second request not."""
+    source = MemorySource(CLAIMS, a_day_of_claims(), small=ONE_BRANCH)
+    # 1 mark, 2-5 read, 6 probe, 7 window count, 8 read on; 9 the last probe, 10 its count
+    above = numbered(301, updated_at="2026-01-05", billing_branch_id=1)
+    source.before(10, lambda: (source.insert(above), source.delete(280)))
+    reconciler, taken = run(source)
+    assert source.sent[-1].count and source.sent[-1].filter.name == "updated_at"
+    assert not taken and 301 not in reconciler.held and 280 in reconciler.held  # unseen
+    assert reconciler.result.exact and "DAY_PAIRS" in reconciler.result.blind_to
+    assert "more than one answer shows" in reconciler.result.blind
+
+    source = MemorySource(CLAIMS, a_day_of_claims()[:200], small=ONE_BRANCH)  # 50 today
+    reconciler, _ = run(source)
+    assert reconciler.result.blind_to == {"SAME_DAY"}
+
+
 def test_an_insert_while_the_window_is_read_again_is_seen_by_the_final_look():
     """A claim with the lowest key lands on the window's first page after that page was
     read: the read on misses it, the next probe (the highest keys) does not show it, but
