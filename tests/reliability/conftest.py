@@ -404,21 +404,23 @@ def assert_equal_to_source(
             else {k for k in want.keys() & have.keys() if want[k] != have[k]},
         }
         if Blind.DAY_PAIRS.value in (blind or {}).get(entity.name, ""):
-            excuse_pairs(wrong, moved[entity.name])
+            excuse_pairs(wrong, moved[entity.name], target.server.config.drift_deletes)
         for kind, keys in wrong.items():
             found.add(entity, kind, sorted((k for k in keys if str(k) not in allowed), key=str))
         found.add(entity, "duplicated", ["*"] * duplicates(target, entity))
     assert_matches(found, ledger)
 
 
-def excuse_pairs(wrong: dict[str, set], changed: set[str]) -> None:
-    """What `Blind.DAY_PAIRS` declares, taken out of `wrong`: keys deleted during the run
-    still held (between the last look's two requests), and as many keys inserted during the
-    run missing (each cancelled in every count by such a delete)."""
-    deleted = {k for k in wrong["extra"] if str(k) in changed}
+def excuse_pairs(wrong: dict[str, set], changed: set[str], gap: int) -> None:
+    """What `Blind.DAY_PAIRS` declares, taken out of `wrong`: keys inserted during the run
+    missing, each with a key deleted during the run still held (they cancel in every
+    count), and up to `gap` more such deletes alone (what one drift deletes, between the
+    last look's two requests)."""
     inserted = sorted((k for k in wrong["missing"] if str(k) in changed), key=str)
-    wrong["extra"] -= deleted
-    wrong["missing"] -= set(inserted[: len(deleted)])
+    deleted = sorted((k for k in wrong["extra"] if str(k) in changed), key=str)
+    paired = min(len(inserted), len(deleted))
+    wrong["missing"] -= set(inserted[:paired])
+    wrong["extra"] -= set(deleted[: paired + gap])
 
 
 def assert_reconciled(target: Target) -> None:

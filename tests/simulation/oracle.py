@@ -14,7 +14,7 @@ excused, and nothing else: where it cannot see an update to a record already rea
 run; where it has no change cursor, or its date cursor's last day outgrew one answer, a key
 inserted during the run may be missing as long as as many held keys are extra that the
 service had during the run (the pair cancels in every count); in the second case a key the
-service deleted during the run may be extra alone (between the last look's two requests).
+service deleted between the run's last two requests that showed the set may be extra alone.
 """
 
 from __future__ import annotations
@@ -72,12 +72,13 @@ def judge(run: RunResult, journal: Journal, backend: Backend) -> list[Verdict]:
         reported = run.reported(entity.name)
         if reported is None:
             continue
+        looks = [s for s in served[run.first_request :] if entity.name in s.touched]
         last = next((s for s in reversed(served) if entity.name in s.touched), None)
         assert last is not None, f"{entity.name} read without a request"
         truth = backend.expected(entity, list(last.truth.sets[entity.name].values()))
         during = served[run.first_request :]
         verdict = _compare(run.kind, entity, reported, backend.held(entity), truth)
-        _excuse(verdict, entity, run.blind(entity.name), during, backend)
+        _excuse(verdict, entity, run.blind(entity.name), during, backend, looks[-2:])
         verdicts.append(verdict)
     if run.reported(DOCUMENTS.name) is not None:
         verdicts.append(_documents(run, served, backend))
@@ -112,9 +113,15 @@ def _document(record: dict) -> tuple:
 
 
 def _excuse(
-    verdict: Verdict, entity: EntitySet, blind: frozenset[Blind], during: list, backend: Backend
+    verdict: Verdict,
+    entity: EntitySet,
+    blind: frozenset[Blind],
+    during: list,
+    backend: Backend,
+    last_two: list,
 ) -> None:
-    """Count the differences the run declared it could not see in the set."""
+    """Count the differences the run declared it could not see in the set (`last_two`: the
+    run's last two requests that showed it, between which a delete is `DAY_PAIRS`')."""
     if not blind or not during:
         return
     wanted = {_as_sent(entity, key) for key in (*verdict.differ, *verdict.extra)}
@@ -131,10 +138,19 @@ def _excuse(
         tables = [one.truth.sets[entity.name] for one in during]
         inserted = [k for k in verdict.missing if any(_as_sent(entity, k) not in t for t in tables)]
         existed = [k for k in verdict.extra if _as_sent(entity, k) in versions]
+        gap = _deleted_between(entity, last_two) if Blind.DAY_PAIRS in blind else set()
+        existed.sort(key=lambda k: _as_sent(entity, k) in gap)  # pair the others first
         paired = min(len(inserted), len(existed))
-        verdict.excused += 2 * paired
-        if Blind.DAY_PAIRS in blind:  # and a delete between its last two requests, alone
-            verdict.excused += len(existed) - paired
+        alone = {k for k in existed[paired:] if _as_sent(entity, k) in gap}
+        verdict.excused += 2 * paired + len(alone)
+
+
+def _deleted_between(entity: EntitySet, last_two: list) -> set[Any]:
+    """Keys (as sent) the service held at the first of the two requests, gone at the second."""
+    if len(last_two) < 2:
+        return set()
+    before, after = (one.truth.sets[entity.name] for one in last_two)
+    return {key for key in before if key not in after}
 
 
 def _run_versions(entity: EntitySet, served: list, keys: set[Any]) -> dict[Any, list[dict]]:
