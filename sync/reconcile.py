@@ -166,6 +166,7 @@ class Reconciler:
     @property
     def result(self) -> Reconciliation:
         """What reconciling has found and cost so far, as the jobs count it."""
+        blind = blind_to(self.entity, self.mark.whole, self.mark.split)
         return Reconciliation(
             caught_up=self.ledger.caught_up,
             inserted=self.ledger.inserted,
@@ -176,10 +177,8 @@ class Reconciler:
             residual=self.residual,
             stale=self.stale,
             unconfirmed=self.unconfirmed,
-            blind=blind_spot(self.entity, self.mark.whole, self.mark.split),
-            blind_to=frozenset(
-                b.name for b in blind_to(self.entity, self.mark.whole, self.mark.split)
-            ),
+            blind=blind_spot(blind),
+            blind_to=frozenset(b.name for b in blind),
             parent_counts_refused=self.cells.refused,
         )
 

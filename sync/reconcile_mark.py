@@ -94,9 +94,8 @@ def blind_to(entity: EntitySet, whole: bool = False, split: bool = False) -> fro
     return frozenset({Blind.UPDATES, Blind.PAIRS})
 
 
-def blind_spot(entity: EntitySet, whole: bool = False, split: bool = False) -> str:
-    """What the change mark and the probe cannot see in this set (`Reconciliation.blind`)."""
-    blind = blind_to(entity, whole, split)
+def blind_spot(blind: frozenset[Blind]) -> str:
+    """`blind_to`'s answer as an operator reads it (`Reconciliation.blind`)."""
     if not blind:
         return ""
     return "; ".join(b.value for b in Blind if b in blind) + ": seen by the next run"
@@ -161,7 +160,7 @@ class ChangeMark:
         self.whole = len(newest) >= int(envelope[COUNT])
         self._reread([r for r in newest if self._since_mark(r)])
         complete = len(newest) < PAGE_SIZE or self.mark is None
-        self.split = not (complete or not self._in_window(newest[-1]))
+        self.split = not complete and self._in_window(newest[-1])
         return int(envelope[COUNT]), not self.split
 
     def window_agrees(self) -> bool:

@@ -72,11 +72,11 @@ def judge(run: RunResult, journal: Journal, backend: Backend) -> list[Verdict]:
         reported = run.reported(entity.name)
         if reported is None:
             continue
-        looks = [s for s in served[run.first_request :] if entity.name in s.touched]
         last = next((s for s in reversed(served) if entity.name in s.touched), None)
         assert last is not None, f"{entity.name} read without a request"
         truth = backend.expected(entity, list(last.truth.sets[entity.name].values()))
         during = served[run.first_request :]
+        looks = [one for one in during if entity.name in one.touched]
         verdict = _compare(run.kind, entity, reported, backend.held(entity), truth)
         _excuse(verdict, entity, run.blind(entity.name), during, backend, looks[-2:])
         verdicts.append(verdict)

@@ -173,6 +173,8 @@ def bind_call(node: Call, entity: EntitySet) -> TextMatch:
 
 ORDERING = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le}
 COMPARE_OPS = {"eq": operator.eq, "ne": operator.ne, **ORDERING}
+# and, for or-joined equalities on one field (`_compile_membership`), one set lookup
+TYPED_OPS = {**COMPARE_OPS, "in": lambda value, allowed: value in allowed}
 
 
 def compile_condition(condition: Condition) -> Predicate:
@@ -194,7 +196,7 @@ def _compile_compare(node: Compare) -> Predicate:
 
 def _compile_typed(name: str, op: str, literal: object, coerce: Callable) -> Predicate:
     """null matches only `ne`; a value unreadable as the field's type matches nothing."""
-    compare, on_null = COMPARE_OPS[op], op == "ne"
+    compare, on_null = TYPED_OPS[op], op == "ne"
 
     def test(record: dict) -> bool:
         value = record.get(name)
@@ -239,16 +241,7 @@ def _compile_membership(fld: Field, values: set[object]) -> Predicate:
     name, allowed = fld.name, frozenset(values)
     if fld.type is Edm.STRING:
         return lambda record: type(value := record.get(name)) is str and value in allowed
-    coerce = COERCE[fld.type]
-
-    def test(record: dict) -> bool:
-        value = record.get(name)
-        if value is None:
-            return False
-        value = coerce(value)
-        return value is not INVALID and value in allowed
-
-    return test
+    return _compile_typed(name, "in", allowed, COERCE[fld.type])
 
 
 def _balanced(parts: list[Predicate], conjunction: bool) -> Predicate:
