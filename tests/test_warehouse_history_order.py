@@ -193,3 +193,24 @@ def test_history_is_the_same_whatever_order_the_runs_commit_in(changed, plan, or
             wh.close()
         in_order, any_order = built
         assert any_order == in_order
+
+
+def test_a_late_version_beside_two_that_began_together_extends_the_first(tmp_path):
+    # One batch carried key 1 twice at one cursor ('2' then '3'): '2' began and ended at that
+    # extraction, '3' is current from it. A later-committing run saw '2' earlier: '2' began
+    # then. Both held versions tie on cursor and time; which follows the late one was up to
+    # the window's sort until they kept their written order (7 loads in 10 on 7c8ead5 left
+    # '2' twice). Repeated: the tie broke differently from run to run.
+    cursor = "2026-02-03"
+    for attempt in range(12):
+        h = Harness(tmp_path / f"attempt-{attempt}")
+        both = h.write(CLAIMS, [version(CLAIMS, n, cursor) for n in (2, 3)], day=2)
+        load(h, CLAIMS, [both])
+        late = h.write(CLAIMS, [version(CLAIMS, 2, cursor)], day=0)
+        load(h, CLAIMS, [late])
+        day0, day2 = Lake.info(late), Lake.info(both)
+        assert history(h, CLAIMS) == [
+            (Decimal("2"), day0.extracted, day2.extracted, day0.run_id),
+            (Decimal("3"), day2.extracted, None, day2.run_id),
+        ]
+        h.close()

@@ -56,7 +56,10 @@ def place_older_versions(
         [STALE],
     )
     # Held versions and the older ones in one order per key; each older version's neighbours.
-    window = 'PARTITION BY "k" ORDER BY "cur" NULLS FIRST, "f", "is_v"'
+    # Held versions that tie (a batch that carried a key twice at one cursor leaves one that
+    # began and ended at the same instant) keep the order they were written in, the current
+    # one last: without it the window breaks the tie differently from run to run.
+    window = 'PARTITION BY "k" ORDER BY "cur" NULLS FIRST, "f", "is_v", "is_current", "rid"'
     held = 'CASE WHEN NOT "is_v" THEN {"rid": "rid", "cur_row": "is_current", "f": "f", "t": "t", "h": "h"} END'
     missed = ledger.first_snapshot_missing('v."k"', 'v."f"')
     con.execute(
