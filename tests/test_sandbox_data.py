@@ -156,6 +156,16 @@ def test_advance_inserts_updates_and_deletes_after_the_old_clock():
     assert summary["Appointments"]["inserted"] > 0
 
 
+def test_advance_changes_only_the_sets_it_is_given():
+    """A day busy in one set (the simulation's busy Claims) leaves every other set as it was."""
+    store = Store(seed=5, scale=0.2)
+    before = {name: list(t.rows) for name, t in store.tables.items()}
+    summary = store.advance(seconds=60, update_fraction=0.5, sets=("Claims",))
+    assert set(summary) == {"Claims"} and summary["Claims"]["updated"] > 0
+    for name, table in store.tables.items():
+        assert (list(table.rows) == before[name]) is (name != "Claims")
+
+
 def test_new_opaque_ids_land_inside_the_key_range():
     """Appointments ids are opaque strings: inserts do not only append (skip paging shifts)."""
     store = Store(seed=5, scale=0.2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import defaultdict, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -144,10 +145,12 @@ class Store:
         update_fraction: float = 0.01,
         delete_fraction: float = 0.002,
         document_fraction: float = 0.0,
+        sets: Collection[str] | None = None,
     ) -> dict[str, dict[str, int]]:
-        """Move the clock; insert, update and hard-delete records in every set; with
-        `document_fraction`, upload that share of the documents count to random patients and
-        delete as large a share (reported as "Documents"; 0 leaves documents as they are)."""
+        """Move the clock; insert, update and hard-delete records in every set (or in `sets`,
+        by name); with `document_fraction`, upload that share of the documents count to random
+        patients and delete as large a share (reported as "Documents"; 0 leaves documents as
+        they are)."""
         for name, value in (
             ("seconds", seconds),
             ("insert_fraction", insert_fraction),
@@ -161,6 +164,8 @@ class Store:
         self.now = before + timedelta(seconds=seconds)
         summary = {}
         for name, table in self.tables.items():
+            if sets is not None and name not in sets:
+                continue
             n = len(table)
             deleted = len(self._delete(table, self._share(n, delete_fraction)))
             updated = len(self._update(table, self._share(n, update_fraction), before))

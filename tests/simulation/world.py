@@ -21,7 +21,13 @@ from typing import Any
 
 import httpx
 
-from connectors.clinical_records.catalogue import ALL_BY_NAME, FAMILIES, EntitySet
+from connectors.clinical_records.catalogue import (
+    ALL_BY_NAME,
+    CLAIMS,
+    FAMILIES,
+    PAGE_SIZE,
+    EntitySet,
+)
 from connectors.clinical_records.client import ClinicalClient
 from connectors.clinical_records.meter import Look
 from connectors.clinical_records.settings import Settings
@@ -116,6 +122,7 @@ class Scenario:
     family_order: tuple[int, ...]
     kill_at: int | None  # the request (counted over the whole scenario) a kill falls on
     runs: tuple[str, ...]  # "full", "nightly", with a day of changes before each nightly
+    busy_day: bool  # that day updates more Claims than a page holds: the window is split
 
     @classmethod
     def of(cls, seed: int) -> Scenario:
@@ -146,6 +153,7 @@ class Scenario:
             family_order=tuple(rng.sample(range(len(FAMILIES)), len(FAMILIES))),
             kill_at=rng.randint(5, 400) if rng.random() < 0.25 else None,
             runs=rng.choice((("full", "nightly"), ("full", "nightly", "nightly"))),
+            busy_day=rng.random() < 0.2,  # drawn last: every earlier draw keeps its seed's value
         )
 
     def sandbox_config(self) -> SandboxConfig:
@@ -252,12 +260,28 @@ class World:
         for number, kind in enumerate(self.scenario.runs):
             if number:
                 self.sandbox.store.advance(document_fraction=0.01)
+                if self.scenario.busy_day:
+                    self._busy_day()
                 self.service.journal.forget_truth()
             self.runs.append(self.run(kind, number))
             yield self.runs[-1]
             if self.runs[-1].killed:
                 self.runs.append(self.run(kind, number, resumed=True))
                 yield self.runs[-1]
+
+    def _busy_day(self) -> None:
+        """Half again a page of Claims updated today: the nightly's last look at its date
+        cursor needs the day's count beside the probe (`Blind.DAY_PAIRS`), and a drift aimed at
+        Claims changes the day between them."""
+        held = len(self.sandbox.store.tables[CLAIMS.name])
+        share = min(1.0, 1.5 * PAGE_SIZE / max(held, 1))
+        self.sandbox.store.advance(
+            seconds=60,
+            insert_fraction=0,
+            update_fraction=share,
+            delete_fraction=0,
+            sets=(CLAIMS.name,),
+        )
 
     def _before_request(self, request: httpx.Request) -> None:
         """The clock moves; the run may be killed here."""
