@@ -37,10 +37,11 @@ def play(
 ) -> tuple[Outcome, list[Verdict]]:
     """One seed's world, played and judged after every run that was not killed;
     `settle_at_end`: False leaves out the run's end (sync/settle.py), as the engine was."""
-    logging.disable(logging.WARNING)
     scenario = Scenario.of(seed)
     world = World(scenario, backend, settle_at_end=settle_at_end)
     verdicts: list[Verdict] = []
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # a seed's faults warn by the hundred
     try:
         for run in world.play():
             if not run.killed:
@@ -49,6 +50,7 @@ def play(
         return Outcome(seed, [], traceback.format_exc(limit=-6)), verdicts
     finally:
         world.close()
+        logging.disable(before)  # the process's other work (a test's caplog) warns as before
     beyond = sum(v.beyond_floor for v in verdicts)
     return Outcome(seed, [str(v) for v in verdicts if v.silent], beyond_floor=beyond), verdicts
 

@@ -7,6 +7,7 @@ A failure prints the one command that replays its seed.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -93,6 +94,14 @@ def test_a_set_told_not_exact_may_differ_beyond_its_floor_but_is_never_called_ex
     raw = [len(v.missing) + len(v.extra) + len(v.differ) for v in claims]
     assert any(r > v.reported for r, v in zip(raw, claims, strict=True))
     assert all(v.differences <= v.reported for v in claims)
+
+
+def test_a_seed_leaves_the_process_logging_as_it_found_it():
+    """A seed quiets the warnings its faults raise, then gives logging back: at 7c8ead5 it
+    did not, and a later test in the same worker found no warning in caplog."""
+    before = logging.root.manager.disable
+    play(7)
+    assert logging.root.manager.disable == before
 
 
 def test_a_seed_chooses_the_same_world_every_time():
