@@ -149,6 +149,22 @@ def test_keys_found_deleted_by_an_extraction_are_soft_deleted_as_of_it(harness):
     assert harness.rows('SELECT "_deleted_at" FROM "clinical"."claims" WHERE "id" = 2') == [(None,)]
 
 
+def test_a_key_found_deleted_matches_the_key_held_as_sent_not_a_number_equal_to_it(harness):
+    """The deletes are matched in the key's own type (a text cast of every key held read the
+    table whole) and then as sent: "007", "7.0" and " 7" name no claim held, "7" does."""
+    harness.sync(CLAIMS, [record(CLAIMS, i) for i in (7, 8)])
+    path = harness.write(CLAIMS, [], day=1, deletes=["007", "7.0", " 7", "x"])
+    assert harness.wh.load(CLAIMS, [path], run_id="r2").soft_deleted == 0
+    path = harness.write(CLAIMS, [], day=2, deletes=["7"])
+    assert harness.wh.load(CLAIMS, [path], run_id="r3").soft_deleted == 1
+    assert harness.rows('SELECT "id" FROM "clinical"."claims" WHERE "_deleted_at" IS NOT NULL') == [
+        (7,)
+    ]
+    assert harness.rows(
+        'SELECT "id", "change" FROM "analytics"."changes" WHERE "run_id" = ?', ["r3"]
+    ) == [("7", "deleted")]
+
+
 def test_a_new_record_extracted_before_a_snapshot_that_missed_it_loads_deleted(harness):
     # Overlapping runs: an incremental run extracted claims 3 and 4 (day 0); a snapshot
     # extracted on day 1, without claim 3 (deleted at the source since) and with claim 4

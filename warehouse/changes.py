@@ -34,12 +34,13 @@ def record_plan(
     con: duckdb.DuckDBPyConnection,
     entity: EntitySet,
     run_id: str,
-    clinical: str,
+    replaced: str | None,
     actions: dict[str, str],
 ) -> None:
     """A merge's plan before it is applied (`_plan`: key and action, `_stage`: the new
-    versions): the inserted keys, and the updated ones with the columns whose values differ
-    from the version they replace. `actions` maps the plan's action names to a change."""
+    versions, `replaced`: the versions they replace, None when none does): the inserted keys,
+    and the updated ones with the columns whose values differ from the version they replace.
+    `actions` maps the plan's action names to a change."""
     key = quote(entity.key)
     moved = ", ".join(
         f"CASE WHEN s.{quote(c)} IS DISTINCT FROM c.{quote(c)} THEN '{c}' END"
@@ -55,7 +56,8 @@ def record_plan(
                          THEN list_filter([{moved}], lambda x: x IS NOT NULL) END AS changed_columns
                 FROM "_plan" AS p
                 JOIN "_stage" AS s ON s.rowid = p."_row_id"
-                LEFT JOIN {clinical} AS c ON c.{key} = p.{key}
+                LEFT JOIN {replaced or "(SELECT * FROM _stage WHERE false)"} AS c
+                       ON c.{key} = p.{key}
                 WHERE p."_action" IN (SELECT unnest(?))"""
         ),
         [run_id, entity.name, list(actions)],

@@ -200,7 +200,6 @@ class Merge:
                     [number],
                 )
             planned = self._plan()
-            changes.record_plan(self.con, self.ent, self.run_id, self.clinical, CHANGES)
             if planned.get(STALE):
                 history.place_older_versions(
                     self.con,
@@ -286,22 +285,32 @@ class Merge:
         replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
         if not (planned.get(INSERT) or replaced):
             return
+        planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
+        if replaced:  # the versions replaced, read from clinical once (its wide columns)
+            self.con.execute(
+                f"""CREATE TEMP TABLE "_replaced" AS
+                    SELECT {column_list(self.version, "c.")}, c."_extracted_at",
+                           least(c."_deleted_at", s."_extracted_at") AS "_valid_to", c."_run_id"
+                    FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
+                [replaced],
+            )
+        changes.record_plan(
+            self.con, self.ent, self.run_id, '"_replaced"' if replaced else None, CHANGES
+        )
         if planned.get(SAME) or planned.get(STALE):  # `_stage` keeps only rows to write
             self.con.execute(
                 'DELETE FROM "_stage" WHERE rowid IN '
                 '(SELECT "_row_id" FROM "_plan" WHERE "_action" IN (?, ?))',
                 [SAME, STALE],
             )
-        planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:
             self.con.execute(
                 f"""INSERT INTO {self.superseded} ({column_list(self.version)}, "_valid_from",
                                                   "_valid_to", "_run_id")
-                    SELECT {column_list(self.version, "c.")}, c."_extracted_at",
-                           least(c."_deleted_at", s."_extracted_at"), c."_run_id"
-                    FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
-                [replaced],
+                    SELECT {column_list(self.version)}, "_extracted_at", "_valid_to", "_run_id"
+                    FROM "_replaced" """
             )
+            self.con.execute('DROP TABLE "_replaced"')
             self.con.execute(
                 f"""DELETE FROM {self.clinical} WHERE {self.key} IN
                     (SELECT {self.key} FROM {planned_keys})""",
@@ -330,15 +339,15 @@ class Merge:
             if files
             else ""
         )
-        return self._mark(
-            f"""UPDATE {self.clinical} AS c SET "_deleted_at" = ?
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_gone" AS
+                SELECT c.rowid AS "row", ?::TIMESTAMPTZ AS "at" FROM {self.clinical} AS c
                 WHERE c."_extracted_at" <= ?
                   AND NOT EXISTS (SELECT 1 FROM "_keys" AS s WHERE s.{self.key} = c.{self.key})
-                  {rejected_keys} AND {{held}}""",
+                  {rejected_keys}""",
             [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
-            "?",
-            [self.snapshot_at],
         )
+        return self._mark()
 
     def _apply_deletes(self) -> int:
         """Mark deleted the keys an extraction found gone at the source, as of the first such
@@ -357,31 +366,40 @@ class Merge:
             }
         )
         self.con.register("_gone_files", gone)
-        marked = self._mark(
-            f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at"
-                FROM (SELECT h.rowid AS "row", min(f."at") AS "at"
-                      FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
-                      JOIN "_gone_files" AS f ON d."filename" = f."file"
-                      JOIN {self.clinical} AS h ON CAST(h.{self.key} AS VARCHAR) = d."key"
-                       AND h."_extracted_at" <= f."at"
-                      GROUP BY ALL) AS g
-                WHERE c.rowid = g."row" AND {{held}}""",
+        # The keys found gone, held, each with its first deletion: one join, its keys compared
+        # in the table's type (a text cast of every key held would scan clinical whole) and
+        # then as sent, so that "007" never deletes 7.
+        kind = ddl.field_columns(self.ent)[self.ent.key][0]
+        self.con.execute(
+            f"""CREATE TEMP TABLE "_gone" AS
+                SELECT h.rowid AS "row", min(f."at") AS "at"
+                FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
+                JOIN "_gone_files" AS f ON d."filename" = f."file"
+                JOIN {self.clinical} AS h ON h.{self.key} = TRY_CAST(d."key" AS {kind})
+                 AND CAST(h.{self.key} AS VARCHAR) = d."key" AND h."_extracted_at" <= f."at"
+                GROUP BY ALL""",
             [[f for f, _ in found]],
-            'g."at"',
-            [],
         )
         self.con.unregister("_gone_files")
-        return marked
+        return self._mark()
 
-    def _mark(self, update: str, params: list[object], at: str, at_params: list[object]) -> int:
-        """Run `update` (it marks records deleted) for its last condition `{held}` twice: on
-        records deleted after `at`, whose deletion moves back to it (they were gone already),
-        then on live ones, each recorded deleted in analytics.changes. How many it marked."""
-        held = update.replace("{held}", f'c."_deleted_at" > {at}')
-        (moved,) = self.con.execute(held, [*params, *at_params]).fetchone()
-        live = update.replace("{held}", 'c."_deleted_at" IS NULL') + f" RETURNING c.{self.key}"
-        keys = [key for (key,) in self.con.execute(live, params).fetchall()]
-        changes.record_keys(self.con, self.ent, self.run_id, changes.DELETED, keys)
+    def _mark(self) -> int:
+        """Mark deleted the rows of `_gone` (clinical's row id, the instant it went): records
+        deleted later move back to it (they were gone already), live ones are marked and
+        recorded deleted in analytics.changes. How many it marked; drops `_gone`.
+
+        The live keys are read before the update: an UPDATE with RETURNING reads and writes
+        every column of the rows it returns, and took a second for a few hundred rows."""
+        update = f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at" FROM "_gone" AS g
+                     WHERE c.rowid = g."row" AND """
+        (moved,) = self.con.execute(update + 'c."_deleted_at" > g."at"').fetchone()
+        keys = self.con.execute(
+            f"""SELECT c.{self.key} FROM {self.clinical} AS c JOIN "_gone" AS g
+                ON c.rowid = g."row" WHERE c."_deleted_at" IS NULL"""
+        ).fetchall()
+        self.con.execute(update + 'c."_deleted_at" IS NULL')
+        self.con.execute('DROP TABLE "_gone"')
+        changes.record_keys(self.con, self.ent, self.run_id, changes.DELETED, [k for (k,) in keys])
         return moved + len(keys)
 
     def _reject_files(self) -> list[str]:
