@@ -74,9 +74,9 @@ def test_models_out_of_memory_are_built_again_on_one_thread(tmp_path, monkeypatc
     real = models._run
     asked: list[list[str]] = []
 
-    def out_of_memory_once(project, path, todo, on_event):
+    def out_of_memory_once(project, path, todo, on_event, whole):
         asked.append(sorted(m.name for m in todo))
-        results = real(project, path, todo, on_event)
+        results = real(project, path, todo, on_event, whole)
         if len(asked) == 1:
             results = [
                 replace(r, status=RunStatus.Error, message=OUT_OF_MEMORY_MESSAGE)

@@ -432,3 +432,59 @@ def test_publish_names_the_models_older_than_the_tables_they_read(linked, tmp_pa
     with duckdb.connect(str(done.path), read_only=True) as con:
         stale = con.execute("SELECT name FROM analytics.model_health WHERE stale ORDER BY 1")
         assert [n for (n,) in stale.fetchall()] == list(done.stale_models)
+
+
+def test_a_night_builds_again_only_the_rows_of_what_changed_and_new_sql_builds_all(
+    linked, tmp_path
+):
+    """The linked models are incremental (transform/macros/changed_records.sql): a row no
+    change reached is left as it was, here one altered by hand to show it; the claim that
+    moved to another prescription is in its new row, and both prescriptions' summaries are
+    counted again. A project whose model SQL changed builds that model whole."""
+    linked.rows(
+        "UPDATE analytics.prescription_claims SET total_claim_paid = 999 WHERE claim_id = 2"
+    )
+    moved = {"total_claim_amount": "0.10", "prescription_id": 101, "billing_branch_id": 3}
+    linked.sync(CLAIMS, [record(CLAIMS, 1, **moved, date_of_service="2026-01-20")], day=2)
+    assert models.build(linked.path).ok
+    paid = dict(linked.rows("SELECT claim_id, total_claim_paid FROM analytics.prescription_claims"))
+    assert paid[2] == 999  # untouched: no change reached claim 2 or prescription 100
+    assert linked.rows(
+        "SELECT prescription_id FROM analytics.prescription_claims WHERE claim_id = 1"
+    ) == [("101",)]
+    assert linked.rows(
+        "SELECT prescription_id, claims, total_claim_amount::VARCHAR "
+        "FROM analytics.prescription_summary ORDER BY 1"
+    ) == [("100", 1, "0.200000000000"), ("101", 1, "0.100000000000")]
+    for name, (table, query) in analytics_rows(linked.wh.con).items():
+        if name != "prescription_claims":
+            assert table == query, name
+
+    project = tmp_path / "project"
+    shutil.copytree(dbt_project.DEFAULT_PROJECT, project, ignore=shutil.ignore_patterns("target"))
+    sql = project / "models" / "analytics" / "prescription_claims.sql"
+    sql.write_text(sql.read_text() + "-- another version of the SQL\n")
+    assert models.build(linked.path, dbt_project.prepare(project)).ok
+    for name, (table, query) in analytics_rows(linked.wh.con).items():
+        assert table == query, name
+
+
+def test_an_incremental_build_that_fails_after_its_pre_hook_keeps_every_row(linked, tmp_path):
+    """The pre-hook deletes the changed records' rows inside the build's transaction: a build
+    that fails after it (here by design, on its incremental night) leaves the table whole."""
+    project = tmp_path / "project"
+    shutil.copytree(dbt_project.DEFAULT_PROJECT, project, ignore=shutil.ignore_patterns("target"))
+    (project / "models" / "claim_copy.sql").write_text(
+        "{{ config(materialized='incremental', pre_hook=\"{{ delete_changed_rows("
+        "{'id': changed_ids('Claims', 'BIGINT')}) }}\") }}\n"
+        "SELECT id, total_claim_amount FROM {{ source('clinical', 'claims') }}\n"
+        "{% if is_incremental() %} WHERE id IN {{ changed_ids('Claims', 'BIGINT') }}\n"
+        "    AND error('this build fails') IS NULL {% endif %}\n"
+    )
+    assert "claim_copy" in models.build(linked.path, dbt_project.prepare(project)).built
+    before = linked.rows("SELECT * FROM analytics.claim_copy ORDER BY ALL")
+    assert (1, Decimal("0.1")) in before
+    linked.sync(CLAIMS, [record(CLAIMS, 1, prescription_id=100, total_claim_amount="7")], day=2)
+    failed = models.build(linked.path, dbt_project.prepare(project))
+    assert set(failed.failed) == {"claim_copy"}
+    assert linked.rows("SELECT * FROM analytics.claim_copy ORDER BY ALL") == before

@@ -100,13 +100,17 @@ def models(manifest: Mapping[str, Any]) -> list[Model]:
 
 SOURCE_CALL = re.compile(r"\{\{\s*source\('(\w+)',\s*'(\w+)'\)\s*\}\}")
 REF_CALL = re.compile(r"\{\{\s*ref\('(\w+)'\)\s*\}\}")
+INCREMENTAL_ONLY = re.compile(
+    r"\{%-?\s*if is_incremental\(\)\s*-?%\}.*?\{%-?\s*endif\s*-?%\}", re.S
+)
 
 
 def select_sql(manifest: Mapping[str, Any], model: Model) -> str:
     """A model's SELECT with its source() and ref() calls resolved to the warehouse's tables:
     transform/'s models call nothing else. For a test or a benchmark that runs a model's
-    query beside its table, or builds it as a view; dbt builds the tables."""
-    raw = manifest["nodes"][model.unique_id]["raw_code"]
+    query beside its table, or builds it as a view; dbt builds the tables. An incremental
+    model's SELECT is its whole build's (its `is_incremental()` blocks left out)."""
+    raw = INCREMENTAL_ONLY.sub("", manifest["nodes"][model.unique_id]["raw_code"])
     raw = SOURCE_CALL.sub(lambda m: f'"{m[1]}"."{m[2]}"', raw)
     return REF_CALL.sub(lambda m: f'"{ANALYTICS}"."{m[1]}"', raw)
 
@@ -114,19 +118,8 @@ def select_sql(manifest: Mapping[str, Any], model: Model) -> str:
 def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[Model]:
     """The models a build must make: missing, other SQL, older than the schema or than a
     change to a set they read, or downstream of such a model."""
-    built = dict(
-        (name, (checksum, at))
-        for name, checksum, at in con.execute(
-            f'SELECT "name", "fingerprint", "built_at" FROM {MODELS}'
-        ).fetchall()
-    )
-    tables = {
-        row[0]
-        for row in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = ?", [ANALYTICS]
-        ).fetchall()
-    }
-    oldest = min((at for _, at in built.values() if at is not None), default=None)
+    record = _BuildRecord(con)
+    oldest = min((at for _, at in record.built.values() if at is not None), default=None)
     changed: dict[str, datetime] = dict(
         con.execute(
             f"SELECT entity, max(synced_at) FROM {qualified(ANALYTICS, CHANGES_TABLE)} "
@@ -136,24 +129,57 @@ def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[Model]
         if oldest is not None
         else []
     )
-    schema = ops.schema_applied_at(con)
     by_id = {m.unique_id: m for m in found}
     verdicts: dict[str, bool] = {}
 
     def is_stale(model: Model) -> bool:
         if model.unique_id not in verdicts:
-            checksum, at = built.get(model.name, (None, None))
+            at = record.built.get(model.name, (None, None))[1]
             verdicts[model.unique_id] = (
-                at is None
-                or checksum != model.checksum
-                or model.name not in tables
-                or (schema is not None and schema > at)
+                record.altered(model)
                 or any(changed.get(e, at) > at for e in model.reads)
                 or any(is_stale(by_id[u]) for u in model.upstream if u in by_id)
             )
         return verdicts[model.unique_id]
 
     return [m for m in found if is_stale(m)]
+
+
+def built_whole(con: duckdb.DuckDBPyConnection, todo: Sequence[Model]) -> bool:
+    """Whether a build of `todo` must make every model whole (dbt's --full-refresh): one of
+    them is new, has other SQL, lost its table or is older than the schema, so an
+    incremental model's rows cannot be made from the changes since its last build alone."""
+    record = _BuildRecord(con)
+    return any(record.altered(m) for m in todo)
+
+
+class _BuildRecord:
+    """What ops.models and the analytics schema say of the models' last builds."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.built: dict[str, tuple[str | None, datetime | None]] = {
+            name: (checksum, at)
+            for name, checksum, at in con.execute(
+                f'SELECT "name", "fingerprint", "built_at" FROM {MODELS}'
+            ).fetchall()
+        }
+        self.tables = {
+            row[0]
+            for row in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = ?", [ANALYTICS]
+            ).fetchall()
+        }
+        self.schema = ops.schema_applied_at(con)
+
+    def altered(self, model: Model) -> bool:
+        """Never built, built from other SQL, its table gone, or older than the schema."""
+        checksum, at = self.built.get(model.name, (None, None))
+        return (
+            at is None
+            or checksum != model.checksum
+            or model.name not in self.tables
+            or (self.schema is not None and self.schema > at)
+        )
 
 
 @dataclass
@@ -208,9 +234,10 @@ def build(
         todo = stale(wh.con, found)
         done = Built(reused=[m.name for m in found if m not in todo])
         if todo:
-            _outcomes(done, todo, _run(project, path, todo, on_event))
+            whole = built_whole(wh.con, todo)
+            _outcomes(done, todo, _run(project, path, todo, on_event, whole))
             if OUT_OF_MEMORY in done.failed.values():
-                _again_on_one_thread(wh, project, todo, done, on_event)
+                _again_on_one_thread(wh, project, todo, done, on_event, whole)
             _record(wh.con, todo, done, run_id)
     done.seconds = round(time.monotonic() - started, 3)
     done.cpu_seconds = round(time.process_time() - cpu, 3)
@@ -223,6 +250,7 @@ def _again_on_one_thread(
     todo: Sequence[Model],
     done: Built,
     on_event: Callable[[Any], None] | None,
+    whole: bool,
 ) -> None:
     """The models that ran out of memory (and those that read them) built again on one
     thread: DuckDB's hash joins and aggregates hold state per thread, so one thread needs
@@ -239,20 +267,26 @@ def _again_on_one_thread(
     (threads,) = wh.con.execute("SELECT current_setting('threads')").fetchone()
     wh.con.execute("SET threads = 1")
     try:
-        _outcomes(done, again, _run(project, wh.path, again, on_event))
+        _outcomes(done, again, _run(project, wh.path, again, on_event, whole))
     finally:
         wh.con.execute(f"SET threads = {int(threads)}")
 
 
 def _run(
-    project: Project, path: Path, todo: Sequence[Model], on_event: Callable[[Any], None] | None
+    project: Project,
+    path: Path,
+    todo: Sequence[Model],
+    on_event: Callable[[Any], None] | None,
+    whole: bool,
 ) -> list[Any]:
-    """`dbt build` of these models and their tests; dbt's result per node."""
+    """`dbt build` of these models and their tests (`whole`: incremental ones rebuilt whole);
+    dbt's result per node."""
     profiles = dbt_project.write_profile(path.parent / "dbt", path)
     args = [
         "build",
         *project.arguments(profiles),
         "--no-write-json",  # run_results.json and the manifest again: a second per build
+        *(["--full-refresh"] if whole else []),
         "--select",
         *(m.selector for m in todo),
     ]

@@ -1,4 +1,6 @@
 -- Prescriptions with their claims: one row per claim, money as exact DECIMAL(38,12).
+-- Incremental (macros/changed_records.sql): a night inserts again the rows of the claims and
+-- prescriptions that changed, after its pre-hook deleted them.
 -- Joins need no casts: a prescription id has one type in every table (VARCHAR, as sent).
 SELECT
     p.id AS prescription_id,
@@ -21,3 +23,7 @@ SELECT
 FROM {{ source('clinical', 'prescriptions') }} AS p
 JOIN {{ source('clinical', 'claims') }} AS c ON c.prescription_id = p.id
 WHERE p._deleted_at IS NULL AND c._deleted_at IS NULL
+{% if is_incremental() %}
+    AND (c.id IN {{ changed_ids('Claims', 'BIGINT') }}
+        OR p.id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+{% endif %}

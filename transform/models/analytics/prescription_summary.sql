@@ -8,7 +8,13 @@
 -- once, so joining patients, claim totals and verifications in one pipeline needed memory
 -- that grew with the data and failed under WAREHOUSE_MEMORY_LIMIT at scale 150; a step
 -- with one large table spills (branches and physicians are small).
-WITH claim_totals AS (
+-- Incremental (macros/changed_records.sql): a night builds again the rows of the prescriptions
+-- a change touched (`touched`), after its pre-hook deleted them.
+WITH
+{% if is_incremental() %}
+touched AS MATERIALIZED (SELECT id FROM {{ prescriptions_touched() }} AS t(id)),
+{% endif %}
+claim_totals AS (
     SELECT
         prescription_id,
         count(*) AS claims,
@@ -20,12 +26,14 @@ WITH claim_totals AS (
         min(date_of_service) AS first_claim_date
     FROM {{ source('clinical', 'claims') }}
     WHERE _deleted_at IS NULL
+    {% if is_incremental() %} AND prescription_id IN (SELECT id FROM touched) {% endif %}
     GROUP BY prescription_id
 ),
 latest_verification AS (
     SELECT prescription_id, id, verified_on, current_coverage, network_type, pre_auth_necessary
     FROM {{ source('clinical', 'insurance_verifications') }}
     WHERE _deleted_at IS NULL
+    {% if is_incremental() %} AND prescription_id IN (SELECT id FROM touched) {% endif %}
     QUALIFY row_number() OVER (
         PARTITION BY prescription_id ORDER BY verified_on DESC NULLS LAST, id DESC
     ) = 1
@@ -43,6 +51,7 @@ with_patient AS MATERIALIZED (
     LEFT JOIN {{ source('clinical', 'patients') }} AS pt
         ON pt.id = p.patient_id AND pt._deleted_at IS NULL
     WHERE p._deleted_at IS NULL
+    {% if is_incremental() %} AND p.id IN (SELECT id FROM touched) {% endif %}
 ),
 with_claims AS MATERIALIZED (
     SELECT p.*, ct.* EXCLUDE (prescription_id)

@@ -1,4 +1,6 @@
 -- Prescriptions with their insurance verifications: coverage, network, pre-authorisation.
+-- Incremental (macros/changed_records.sql): a night inserts again the rows of the
+-- verifications and prescriptions that changed, after its pre-hook deleted them.
 SELECT
     p.id AS prescription_id,
     p.patient_id,
@@ -25,3 +27,7 @@ FROM {{ source('clinical', 'prescriptions') }} AS p
 JOIN {{ source('clinical', 'insurance_verifications') }} AS v
     ON v.prescription_id = p.id
 WHERE p._deleted_at IS NULL AND v._deleted_at IS NULL
+{% if is_incremental() %}
+    AND (v.id IN {{ changed_ids('InsuranceVerifications', 'BIGINT') }}
+        OR p.id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+{% endif %}

@@ -1,0 +1,49 @@
+{#- Incremental models: a night rebuilds the rows of the records that changed since the model
+    was last built, not the whole table, so that its cost follows the day's changes and not
+    the years behind them (docs/SIZING.md, a year of nights).
+
+    What changed is `analytics.changes` (every record a load inserted, updated or deleted)
+    since the model's last good build (`ops.models`, written by warehouse/models.py). A model
+    whose SQL, table or schema changed is built whole (`--full-refresh`, warehouse/models.py);
+    one with no build on record reads every change ever made, which is a whole build too. -#}
+
+{#- The ids of `entity` (the spec's set name) changed since this model's last build, as a
+    subquery of `type`: the type of the column they are compared with (ids are kept as sent:
+    text in one set, numbers in another). -#}
+{% macro changed_ids(entity, type) -%}
+(SELECT TRY_CAST(changed.id AS {{ type }})
+ FROM {{ this.database }}.analytics.changes AS changed
+ WHERE changed.entity = '{{ entity }}' AND changed.synced_at > (
+     SELECT coalesce(max(built.built_at), '-infinity'::TIMESTAMPTZ)
+     FROM {{ this.database }}.ops.models AS built WHERE built.name = '{{ this.identifier }}'))
+{%- endmacro %}
+
+{#- The pre-hook of an incremental model: before its SELECT inserts the rows of the records
+    that changed, delete the rows it holds of them (`keys`: a column of the model -> the ids,
+    a subquery, whose rows go). Nothing on a whole build. -#}
+{% macro delete_changed_rows(keys) -%}
+{%- if is_incremental() -%}
+DELETE FROM {{ this }} WHERE
+{%- for column, ids in keys.items() %} {{ column }} IN {{ ids }}{% if not loop.last %} OR{% endif %}
+{%- endfor %}
+{%- endif -%}
+{%- endmacro %}
+
+{#- The prescriptions whose row in prescription_summary a change can move: changed
+    themselves, or their patient, branch or a physician; or a claim or verification of theirs,
+    as it is now or as any version it replaced was (a claim moved to another prescription
+    changes both rows). -#}
+{% macro prescriptions_touched() -%}
+(SELECT id FROM {{ changed_ids('Prescriptions', 'VARCHAR') }} AS p(id)
+ UNION SELECT p.id FROM {{ source('clinical', 'prescriptions') }} AS p
+     WHERE p.patient_id IN {{ changed_ids('Patients', 'VARCHAR') }}
+        OR p.branch_id IN {{ changed_ids('Branches', 'VARCHAR') }}
+        OR p.referring_physician_id IN {{ changed_ids('Physicians', 'VARCHAR') }}
+        OR p.primary_care_physician_id IN {{ changed_ids('Physicians', 'VARCHAR') }}
+ {%- for entity, table in [('Claims', 'claims'), ('InsuranceVerifications', 'insurance_verifications')] %}
+ UNION SELECT prescription_id FROM {{ source('clinical', table) }}
+     WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
+ UNION SELECT prescription_id FROM {{ this.database }}.history.{{ table }}_superseded
+     WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
+ {%- endfor %})
+{%- endmacro %}
