@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from connectors.clinical_records.catalogue import CLAIMS
+from connectors.clinical_records.catalogue import CLAIMS, PRESCRIPTIONS
 from tests.warehouse_records import Harness, record
 from warehouse import dbt_project, models, vacuum
 from warehouse import publish as publish_module
@@ -160,3 +160,41 @@ def test_a_compaction_that_fails_still_publishes_the_night(tmp_path, monkeypatch
     with duckdb.connect(str(published), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ops.scratch").fetchone() == (200_000,)
     assert "not written compactly: could not write file" in caplog.text
+
+
+def test_an_incremental_models_dead_rows_stay_until_a_fifth_of_its_table(tmp_path):
+    """A night's incremental build deletes the rows of the claims that changed and inserts
+    them again; the close that follows vacuums the models' tables only once their dead rows
+    are a fifth of what they store, as a load's commit does for a clinical table. (Claims
+    without a prescription keep the clinical table's own dead rows under a fifth.)"""
+    h = Harness(tmp_path)
+    h.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 1, patient_id=1)])
+    unlinked = {"prescription_id": None, "billing_branch_id": None}
+    linked = {"prescription_id": 1, "billing_branch_id": None}
+    claims = [record(CLAIMS, i, **linked) for i in range(ROWS)]
+    claims += [record(CLAIMS, i, **unlinked) for i in range(ROWS, 5 * ROWS)]
+    h.sync(CLAIMS, claims)
+    h.close()
+    assert models.build(h.path).ok
+
+    def claims_change(step: int, amount: str, day: int) -> None:
+        h.wh.open()
+        changed = [
+            record(CLAIMS, i, **linked, total_claim_amount=amount) for i in range(0, ROWS, step)
+        ]
+        assert h.sync(CLAIMS, changed, day=day).updated == len(changed)
+        h.close()
+        assert models.build(h.path).ok
+
+    def stored_and_live_model() -> tuple[int, int]:
+        with Warehouse(h.path, read_only=True) as wh:
+            return wh.con.execute(
+                "SELECT estimated_size, (SELECT count(*) FROM analytics.prescription_claims) "
+                "FROM duckdb_tables() WHERE schema_name = 'analytics' "
+                "AND table_name = 'prescription_claims'"
+            ).fetchone()
+
+    claims_change(10, "7", day=1)  # 200 rows of 2,000 built again: 9% dead
+    assert stored_and_live_model() == (ROWS + ROWS // 10, ROWS)
+    claims_change(2, "8", day=2)  # 1,000 more: 1,200 dead of 3,200
+    assert stored_and_live_model() == (ROWS, ROWS)

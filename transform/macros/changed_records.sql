@@ -13,9 +13,21 @@
 {% macro changed_ids(entity, type) -%}
 (SELECT TRY_CAST(changed.id AS {{ type }})
  FROM {{ this.database }}.analytics.changes AS changed
- WHERE changed.entity = '{{ entity }}' AND changed.synced_at > (
-     SELECT coalesce(max(built.built_at), '-infinity'::TIMESTAMPTZ)
-     FROM {{ this.database }}.ops.models AS built WHERE built.name = '{{ this.identifier }}'))
+ WHERE changed.entity = '{{ entity }}' AND changed.synced_at > {{ last_built() }})
+{%- endmacro %}
+
+{#- When this model was last built, as a literal: a constant lets DuckDB skip the row groups
+    of analytics.changes written before it (a subquery there read the whole table, which
+    grows every night). -#}
+{% macro last_built() -%}
+{%- if execute -%}
+{%- set found = run_query(
+    "SELECT coalesce(CAST(max(built_at) AS VARCHAR), '-infinity') FROM "
+    ~ this.database ~ ".ops.models WHERE name = '" ~ this.identifier ~ "'") -%}
+'{{ found.columns[0].values()[0] }}'::TIMESTAMPTZ
+{%- else -%}
+'-infinity'::TIMESTAMPTZ
+{%- endif -%}
 {%- endmacro %}
 
 {#- The pre-hook of an incremental model: before its SELECT inserts the rows of the records

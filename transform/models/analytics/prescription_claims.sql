@@ -25,5 +25,5 @@ JOIN {{ source('clinical', 'claims') }} AS c ON c.prescription_id = p.id
 WHERE p._deleted_at IS NULL AND c._deleted_at IS NULL
 {% if is_incremental() %}
     AND (c.id IN {{ changed_ids('Claims', 'BIGINT') }}
-        OR p.id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+        OR c.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
 {% endif %}

@@ -29,5 +29,5 @@ JOIN {{ source('clinical', 'insurance_verifications') }} AS v
 WHERE p._deleted_at IS NULL AND v._deleted_at IS NULL
 {% if is_incremental() %}
     AND (v.id IN {{ changed_ids('InsuranceVerifications', 'BIGINT') }}
-        OR p.id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+        OR v.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
 {% endif %}
