@@ -488,3 +488,22 @@ def test_an_incremental_build_that_fails_after_its_pre_hook_keeps_every_row(link
     failed = models.build(linked.path, dbt_project.prepare(project))
     assert set(failed.failed) == {"claim_copy"}
     assert linked.rows("SELECT * FROM analytics.claim_copy ORDER BY ALL") == before
+
+
+def test_a_parent_that_arrives_mends_its_childrens_broken_references(linked):
+    """Claim 3 refers to prescription 999, never sent: a broken reference. The night that
+    brings it builds again the rows of its children, and the reference is whole; when it
+    goes again, so is the row."""
+    broken = (
+        "SELECT record_id FROM analytics.broken_references "
+        "WHERE parent_entity = 'Prescriptions' AND parent_id = '999'"
+    )
+    assert linked.rows(broken) == [("3",)]
+    linked.sync(PRESCRIPTIONS, [record(PRESCRIPTIONS, 999, patient_id=10)], day=2)
+    assert models.build(linked.path).ok
+    assert linked.rows(broken) == []
+    linked.sync(PRESCRIPTIONS, [], day=3, deletes=["999"])
+    assert models.build(linked.path).ok
+    assert linked.rows(broken) == [("3",)]
+    for name, (table, query) in analytics_rows(linked.wh.con).items():
+        assert table == query, name

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, BY_NAME, EntitySet
-from warehouse.ddl import CLINICAL, SCHEMAS
+from warehouse.ddl import CLINICAL, SCHEMAS, field_columns
 from warehouse.ident import quote
 from warehouse.schema import CLINICAL_META
 
@@ -97,25 +97,41 @@ def sources_yaml() -> str:
 
 
 def broken_references_sql() -> str:
-    """One SELECT per reference: the live rows whose target is missing or deleted."""
-    parts = [
-        f"""SELECT '{source.name}' AS entity, CAST(s.{quote(source.key)} AS VARCHAR) AS record_id,
+    """One SELECT per reference: the live rows whose target is missing or deleted. The model
+    is incremental (schema.yml): a night's SELECT reads the rows of the children that changed
+    and of those whose parent changed, after its pre-hook deleted their rows."""
+    parts = []
+    for source, local, target, remote in references():
+        if remote != target.key:  # a parent's changes are known by its key alone
+            raise ValueError(f"{source.name}.{local} refers to {target.name}.{remote}, not its key")
+        changed = " OR ".join(
+            f"s.{quote(column)} IN {{{{ changed_ids('{ent.name}', '{_type(of, column)}') }}}}"
+            for column, ent, of in ((source.key, source, source), (local, target, source))
+        )
+        parts.append(
+            f"""SELECT '{source.name}' AS entity, CAST(s.{quote(source.key)} AS VARCHAR) AS record_id,
     '{local}' AS reference, '{target.name}' AS parent_entity,
     CAST(s.{quote(local)} AS VARCHAR) AS parent_id
 FROM {{{{ source('{CLINICAL}', '{source.table}') }}}} AS s
 WHERE s.{LIVE} AND s.{quote(local)} IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM {{{{ source('{CLINICAL}', '{target.table}') }}}} AS t
     WHERE t.{quote(remote)} = s.{quote(local)} AND t.{LIVE}
-)"""
-        for source, local, target, remote in references()
-    ]
+)
+{{% if is_incremental() %}} AND ({changed}) {{% endif %}}"""
+        )
     head = (
         f"-- {GENERATED}\n"
         "-- Live records whose parent is missing (never sent, or soft-deleted): the source has\n"
         "-- them. One row per broken reference, of every reference the checks count; ids as\n"
-        "-- text, so that every kind fits one column.\n"
+        "-- text, so that every kind fits one column. Incremental (macros/changed_records.sql):\n"
+        "-- a night builds again the rows of the records that changed and of their children.\n"
     )
     return head + "\nUNION ALL\n".join(parts) + "\n"
+
+
+def _type(entity: EntitySet, column: str) -> str:
+    """The warehouse's type of a column: what a changed id is compared as."""
+    return field_columns(entity)[column][0]
 
 
 def generated() -> dict[Path, str]:

@@ -16,6 +16,13 @@
  WHERE changed.entity = '{{ entity }}' AND changed.synced_at > {{ last_built() }})
 {%- endmacro %}
 
+{#- Every record changed since this model's last build, as (entity, id as sent): for a model
+    whose rows name records of several sets (broken_references). -#}
+{% macro changed_records() -%}
+(SELECT changed.entity, changed.id FROM {{ this.database }}.analytics.changes AS changed
+ WHERE changed.synced_at > {{ last_built() }})
+{%- endmacro %}
+
 {#- When this model was last built, as a literal: a constant lets DuckDB skip the row groups
     of analytics.changes written before it (a subquery there read the whole table, which
     grows every night). -#}
