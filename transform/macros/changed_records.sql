@@ -12,14 +12,14 @@
     text in one set, numbers in another). -#}
 {% macro changed_ids(entity, type) -%}
 (SELECT TRY_CAST(changed.id AS {{ type }})
- FROM {{ this.database }}.analytics.changes AS changed
+ FROM {{ warehouse_table('analytics', 'changes') }} AS changed
  WHERE changed.entity = '{{ entity }}' AND changed.synced_at > {{ last_built() }})
 {%- endmacro %}
 
 {#- Every record changed since this model's last build, as (entity, id as sent): for a model
     whose rows name records of several sets (broken_references). -#}
 {% macro changed_records() -%}
-(SELECT changed.entity, changed.id FROM {{ this.database }}.analytics.changes AS changed
+(SELECT changed.entity, changed.id FROM {{ warehouse_table('analytics', 'changes') }} AS changed
  WHERE changed.synced_at > {{ last_built() }})
 {%- endmacro %}
 
@@ -30,11 +30,17 @@
 {%- if execute -%}
 {%- set found = run_query(
     "SELECT coalesce(CAST(max(built_at) AS VARCHAR), '-infinity') FROM "
-    ~ this.database ~ ".ops.models WHERE name = '" ~ this.identifier ~ "'") -%}
+    ~ warehouse_table('ops', 'models') ~ " WHERE name = '" ~ this.identifier ~ "'") -%}
 '{{ found.columns[0].values()[0] }}'::TIMESTAMPTZ
 {%- else -%}
 '-infinity'::TIMESTAMPTZ
 {%- endif -%}
+{%- endmacro %}
+
+{#- A table of the warehouse this model is built in, outside the dbt project's sources: its
+    catalog is named after the file ("clinic-a"), which only a quoted name holds. -#}
+{% macro warehouse_table(schema, name) -%}
+{{ api.Relation.create(database=this.database, schema=schema, identifier=name) }}
 {%- endmacro %}
 
 {#- The pre-hook of an incremental model: before its SELECT inserts the rows of the records
@@ -62,7 +68,7 @@ DELETE FROM {{ this }} WHERE
  {%- for entity, table in [('Claims', 'claims'), ('InsuranceVerifications', 'insurance_verifications')] %}
  UNION SELECT prescription_id FROM {{ source('clinical', table) }}
      WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
- UNION SELECT prescription_id FROM {{ this.database }}.history.{{ table }}_superseded
+ UNION SELECT prescription_id FROM {{ warehouse_table('history', table ~ '_superseded') }}
      WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
  {%- endfor %})
 {%- endmacro %}
