@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, BY_NAME, EntitySet
-from warehouse.ddl import CLINICAL, SCHEMAS, field_columns
+from warehouse.ddl import CLINICAL, SCHEMAS
 from warehouse.ident import quote
 from warehouse.schema import CLINICAL_META
 
@@ -105,8 +105,9 @@ def broken_references_sql() -> str:
         if remote != target.key:  # a parent's changes are known by its key alone
             raise ValueError(f"{source.name}.{local} refers to {target.name}.{remote}, not its key")
         changed = " OR ".join(
-            f"s.{quote(column)} IN {{{{ changed_ids('{ent.name}', '{_type(of, column)}') }}}}"
-            for column, ent, of in ((source.key, source, source), (local, target, source))
+            f"s.{quote(column)} IN {{{{ changed_ids('{ent.name}', "
+            f"'{source.field(column).canonical.value}') }}}}"
+            for column, ent in ((source.key, source), (local, target))
         )
         parts.append(
             f"""SELECT '{source.name}' AS entity, CAST(s.{quote(source.key)} AS VARCHAR) AS record_id,
@@ -127,11 +128,6 @@ WHERE s.{LIVE} AND s.{quote(local)} IS NOT NULL AND NOT EXISTS (
         "-- a night builds again the rows of the records that changed and of their children.\n"
     )
     return head + "\nUNION ALL\n".join(parts) + "\n"
-
-
-def _type(entity: EntitySet, column: str) -> str:
-    """The warehouse's type of a column: what a changed id is compared as."""
-    return field_columns(entity)[column][0]
 
 
 def generated() -> dict[Path, str]:

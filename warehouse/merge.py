@@ -369,7 +369,7 @@ class Merge:
         # The keys found gone, held, each with its first deletion: one join, its keys compared
         # in the table's type (a text cast of every key held would scan clinical whole) and
         # then as sent, so that "007" never deletes 7.
-        kind = ddl.field_columns(self.ent)[self.ent.key][0]
+        kind = self.ent.field(self.ent.key).canonical.value
         self.con.execute(
             f"""CREATE TEMP TABLE "_gone" AS
                 SELECT h.rowid AS "row", min(f."at") AS "at"

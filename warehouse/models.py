@@ -115,10 +115,12 @@ def select_sql(manifest: Mapping[str, Any], model: Model) -> str:
     return REF_CALL.sub(lambda m: f'"{ANALYTICS}"."{m[1]}"', raw)
 
 
-def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[Model]:
+def stale(
+    con: duckdb.DuckDBPyConnection, found: Sequence[Model], record: BuildRecord | None = None
+) -> list[Model]:
     """The models a build must make: missing, other SQL, older than the schema or than a
     change to a set they read, or downstream of such a model."""
-    record = _BuildRecord(con)
+    record = record or BuildRecord(con)
     oldest = min((at for _, at in record.built.values() if at is not None), default=None)
     changed: dict[str, datetime] = dict(
         con.execute(
@@ -145,15 +147,7 @@ def stale(con: duckdb.DuckDBPyConnection, found: Sequence[Model]) -> list[Model]
     return [m for m in found if is_stale(m)]
 
 
-def built_whole(con: duckdb.DuckDBPyConnection, todo: Sequence[Model]) -> bool:
-    """Whether a build of `todo` must make every model whole (dbt's --full-refresh): one of
-    them is new, has other SQL, lost its table or is older than the schema, so an
-    incremental model's rows cannot be made from the changes since its last build alone."""
-    record = _BuildRecord(con)
-    return any(record.altered(m) for m in todo)
-
-
-class _BuildRecord:
+class BuildRecord:
     """What ops.models and the analytics schema say of the models' last builds."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -180,6 +174,12 @@ class _BuildRecord:
             or model.name not in self.tables
             or (self.schema is not None and self.schema > at)
         )
+
+    def built_whole(self, todo: Sequence[Model]) -> bool:
+        """Whether a build of `todo` must make every model whole (dbt's --full-refresh): one
+        of them is altered, so an incremental model's rows cannot be made from the changes
+        since its last build alone."""
+        return any(self.altered(m) for m in todo)
 
 
 @dataclass
@@ -231,10 +231,11 @@ def build(
     started, cpu = time.monotonic(), time.process_time()
     with Warehouse(path, wait=wait, lock=lock) as wh:
         wh.ensure_schema()
-        todo = stale(wh.con, found)
+        record = BuildRecord(wh.con)
+        todo = stale(wh.con, found, record)
         done = Built(reused=[m.name for m in found if m not in todo])
         if todo:
-            whole = built_whole(wh.con, todo)
+            whole = record.built_whole(todo)
             _outcomes(done, todo, _run(project, path, todo, on_event, whole))
             if OUT_OF_MEMORY in done.failed.values():
                 _again_on_one_thread(wh, project, todo, done, on_event, whole)

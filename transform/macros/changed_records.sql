@@ -9,11 +9,11 @@
 
 {#- The ids of `entity` (the spec's set name) changed since this model's last build, as a
     subquery of `type`: the type of the column they are compared with (ids are kept as sent:
-    text in one set, numbers in another). -#}
-{% macro changed_ids(entity, type) -%}
+    text in one set, numbers in another). `since`: last_built() when the caller has it. -#}
+{% macro changed_ids(entity, type, since=none) -%}
 (SELECT TRY_CAST(changed.id AS {{ type }})
  FROM {{ warehouse_table('analytics', 'changes') }} AS changed
- WHERE changed.entity = '{{ entity }}' AND changed.synced_at > {{ last_built() }})
+ WHERE changed.entity = '{{ entity }}' AND changed.synced_at > {{ since or last_built() }})
 {%- endmacro %}
 
 {#- Every record changed since this model's last build, as (entity, id as sent): for a model
@@ -59,16 +59,17 @@ DELETE FROM {{ this }} WHERE
     as it is now or as any version it replaced was (a claim moved to another prescription
     changes both rows). -#}
 {% macro prescriptions_touched() -%}
-(SELECT id FROM {{ changed_ids('Prescriptions', 'VARCHAR') }} AS p(id)
+{%- set since = last_built() -%}
+(SELECT id FROM {{ changed_ids('Prescriptions', 'VARCHAR', since) }} AS p(id)
  UNION SELECT p.id FROM {{ source('clinical', 'prescriptions') }} AS p
-     WHERE p.patient_id IN {{ changed_ids('Patients', 'VARCHAR') }}
-        OR p.branch_id IN {{ changed_ids('Branches', 'VARCHAR') }}
-        OR p.referring_physician_id IN {{ changed_ids('Physicians', 'VARCHAR') }}
-        OR p.primary_care_physician_id IN {{ changed_ids('Physicians', 'VARCHAR') }}
+     WHERE p.patient_id IN {{ changed_ids('Patients', 'VARCHAR', since) }}
+        OR p.branch_id IN {{ changed_ids('Branches', 'VARCHAR', since) }}
+        OR p.referring_physician_id IN {{ changed_ids('Physicians', 'VARCHAR', since) }}
+        OR p.primary_care_physician_id IN {{ changed_ids('Physicians', 'VARCHAR', since) }}
  {%- for entity, table in [('Claims', 'claims'), ('InsuranceVerifications', 'insurance_verifications')] %}
  UNION SELECT prescription_id FROM {{ source('clinical', table) }}
-     WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
+     WHERE id IN {{ changed_ids(entity, 'BIGINT', since) }}
  UNION SELECT prescription_id FROM {{ warehouse_table('history', table ~ '_superseded') }}
-     WHERE id IN {{ changed_ids(entity, 'BIGINT') }}
+     WHERE id IN {{ changed_ids(entity, 'BIGINT', since) }}
  {%- endfor %})
 {%- endmacro %}
