@@ -59,6 +59,21 @@ def test_the_project_turns_usage_reporting_off():
     assert project["flags"]["send_anonymous_usage_stats"] is False
 
 
+def _flag_declared_here() -> str:
+    from dbt_common.behavior_flags import BehaviorFlagRendered
+
+    flag = BehaviorFlagRendered({"name": "a_flag", "default": False, "description": "-"}, {})
+    return flag._behavior_change_event.flag_source
+
+
+def test_a_behaviour_flag_names_its_module_without_reading_the_stack(monkeypatch):
+    """dbt-common read every frame's source lines (`inspect.stack()`) to name the module of a
+    flag, twice per build: the runner names the same module from the frames themselves."""
+    dbt_project.runner()
+    monkeypatch.setattr("inspect.stack", lambda *a, **k: pytest.fail("inspect.stack() called"))
+    assert _flag_declared_here() == __name__
+
+
 @pytest.fixture
 def proxy() -> Iterator[tuple[str, list[bytes]]]:
     """An HTTP proxy on 127.0.0.1 that answers nothing and notes every request for a host."""

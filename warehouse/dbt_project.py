@@ -22,6 +22,7 @@ import hashlib
 import os
 import pickle
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -254,7 +255,30 @@ def _invoke(args: Sequence[str], *, what: str) -> Any:
 def runner(manifest: Any = None, on_event: Callable[[Any], None] | None = None) -> Any:
     from dbt.cli.main import dbtRunner
 
+    _name_flag_sources_quickly()
     return dbtRunner(manifest=manifest, callbacks=[on_event] if on_event else [])
+
+
+@functools.cache
+def _name_flag_sources_quickly() -> None:
+    """dbt-common names the module that declared each of an adapter's behaviour flags with
+    `inspect.stack()`, evaluated even when the flag names its source: it reads the source
+    lines of every frame and searches every loaded module for frames without a file (jinja's
+    templates). Twice per build, 55 ms each under a few thousand modules (py-spy over
+    benchmarks/year_of_nights.py). The same answer, the first module outside dbt-common's
+    flags on the stack, found from the frames' own globals."""
+    from dbt_common import behavior_flags
+
+    def first_caller() -> str:
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = frame.f_globals.get("__name__")
+            if name and name != behavior_flags.__name__:
+                return name
+            frame = frame.f_back
+        return "Unknown"
+
+    behavior_flags.BehaviorFlagRendered._default_source = staticmethod(first_caller)
 
 
 def release() -> None:
