@@ -21,9 +21,14 @@ SELECT
     c.date_resolved,
     c.payment_plan
 FROM {{ source('clinical', 'prescriptions') }} AS p
-JOIN {{ source('clinical', 'claims') }} AS c ON c.prescription_id = p.id
-WHERE p._deleted_at IS NULL AND c._deleted_at IS NULL
-{% if is_incremental() %}
-    AND (c.id IN {{ changed_ids('Claims', 'BIGINT') }}
-        OR c.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
-{% endif %}
+JOIN (
+    -- the rows to build filtered before the join, which DuckDB does not do for a filter
+    -- with subqueries written after it (it joined every row, then filtered)
+    SELECT * FROM {{ source('clinical', 'claims') }} AS c
+    WHERE c._deleted_at IS NULL
+    {% if is_incremental() %}
+        AND (c.id IN {{ changed_ids('Claims', 'BIGINT') }}
+            OR c.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+    {% endif %}
+) AS c ON c.prescription_id = p.id
+WHERE p._deleted_at IS NULL

@@ -24,10 +24,14 @@ SELECT
     v.authorization_date,
     v.referral_needed
 FROM {{ source('clinical', 'prescriptions') }} AS p
-JOIN {{ source('clinical', 'insurance_verifications') }} AS v
-    ON v.prescription_id = p.id
-WHERE p._deleted_at IS NULL AND v._deleted_at IS NULL
-{% if is_incremental() %}
-    AND (v.id IN {{ changed_ids('InsuranceVerifications', 'BIGINT') }}
-        OR v.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
-{% endif %}
+JOIN (
+    -- the rows to build filtered before the join, which DuckDB does not do for a filter
+    -- with subqueries written after it (it joined every row, then filtered)
+    SELECT * FROM {{ source('clinical', 'insurance_verifications') }} AS v
+    WHERE v._deleted_at IS NULL
+    {% if is_incremental() %}
+        AND (v.id IN {{ changed_ids('InsuranceVerifications', 'BIGINT') }}
+            OR v.prescription_id IN {{ changed_ids('Prescriptions', 'VARCHAR') }})
+    {% endif %}
+) AS v ON v.prescription_id = p.id
+WHERE p._deleted_at IS NULL
