@@ -264,9 +264,9 @@ def _name_flag_sources_quickly() -> None:
     """dbt-common names the module that declared each of an adapter's behaviour flags with
     `inspect.stack()`, evaluated even when the flag names its source: it reads the source
     lines of every frame and searches every loaded module for frames without a file (jinja's
-    templates). Twice per build, 55 ms each under a few thousand modules (py-spy over
-    benchmarks/year_of_nights.py). The same answer, the first module outside dbt-common's
-    flags on the stack, found from the frames' own globals."""
+    templates). Twice per build, 55 ms each under a few thousand modules (cProfile of
+    benchmarks/year_of_nights.py --scale 2). The same answer, the first module outside
+    dbt-common's flags on the stack, found from the frames' own globals."""
     from dbt_common import behavior_flags
 
     def first_caller() -> str:
