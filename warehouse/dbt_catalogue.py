@@ -108,7 +108,7 @@ def broken_references_sql() -> str:
             raise ValueError(f"{source.name}.{local} refers to {target.name}.{remote}, not its key")
         changed = " OR ".join(
             f"s.{quote(column)} IN {{{{ changed_ids('{ent.name}', "
-            f"'{source.field(column).canonical.value}') }}}}"
+            f"'{source.field(column).canonical.value}', since) }}}}"
             for column, ent in ((source.key, source), (local, target))
         )
         parts.append(
@@ -131,6 +131,8 @@ WHERE NOT EXISTS (
         "-- them. One row per broken reference, of every reference the checks count; ids as\n"
         "-- text, so that every kind fits one column. Incremental (macros/changed_records.sql):\n"
         "-- a night builds again the rows of the records that changed and of their children.\n"
+        # The model's last build, read once: each changed_ids() without it would query it.
+        "{% if is_incremental() %}{% set since = last_built() %}{% endif %}\n"
     )
     return head + "\nUNION ALL\n".join(parts) + "\n"
 

@@ -3,13 +3,14 @@
 -- them. One row per broken reference, of every reference the checks count; ids as
 -- text, so that every kind fits one column. Incremental (macros/changed_records.sql):
 -- a night builds again the rows of the records that changed and of their children.
+{% if is_incremental() %}{% set since = last_built() %}{% endif %}
 SELECT 'Appointments' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
     'appointment_type_id' AS reference, 'AppointmentTypes' AS parent_entity,
     CAST(s."appointment_type_id" AS VARCHAR) AS parent_id
 FROM (
     SELECT * FROM {{ source('clinical', 'appointments') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."appointment_type_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Appointments', 'VARCHAR') }} OR s."appointment_type_id" IN {{ changed_ids('AppointmentTypes', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Appointments', 'VARCHAR', since) }} OR s."appointment_type_id" IN {{ changed_ids('AppointmentTypes', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'appointment_types') }} AS t
@@ -22,7 +23,7 @@ SELECT 'Appointments' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'appointments') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."patient_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Appointments', 'VARCHAR') }} OR s."patient_id" IN {{ changed_ids('Patients', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Appointments', 'VARCHAR', since) }} OR s."patient_id" IN {{ changed_ids('Patients', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'patients') }} AS t
@@ -35,7 +36,7 @@ SELECT 'Branches' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'branches') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."parent_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Branches', 'VARCHAR') }} OR s."parent_id" IN {{ changed_ids('Branches', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Branches', 'VARCHAR', since) }} OR s."parent_id" IN {{ changed_ids('Branches', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'branches') }} AS t
@@ -48,7 +49,7 @@ SELECT 'Prescriptions' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'prescriptions') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."patient_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }} OR s."patient_id" IN {{ changed_ids('Patients', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }} OR s."patient_id" IN {{ changed_ids('Patients', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'patients') }} AS t
@@ -61,7 +62,7 @@ SELECT 'Prescriptions' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'prescriptions') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."referring_physician_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }} OR s."referring_physician_id" IN {{ changed_ids('Physicians', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }} OR s."referring_physician_id" IN {{ changed_ids('Physicians', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'physicians') }} AS t
@@ -74,7 +75,7 @@ SELECT 'Prescriptions' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'prescriptions') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."primary_care_physician_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }} OR s."primary_care_physician_id" IN {{ changed_ids('Physicians', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }} OR s."primary_care_physician_id" IN {{ changed_ids('Physicians', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'physicians') }} AS t
@@ -87,7 +88,7 @@ SELECT 'Prescriptions' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'prescriptions') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."branch_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }} OR s."branch_id" IN {{ changed_ids('Branches', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }} OR s."branch_id" IN {{ changed_ids('Branches', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'branches') }} AS t
@@ -100,7 +101,7 @@ SELECT 'Claims' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'claims') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."prescription_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Claims', 'BIGINT') }} OR s."prescription_id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Claims', 'BIGINT', since) }} OR s."prescription_id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'prescriptions') }} AS t
@@ -113,7 +114,7 @@ SELECT 'Claims' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'claims') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."billing_branch_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Claims', 'BIGINT') }} OR s."billing_branch_id" IN {{ changed_ids('Branches', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('Claims', 'BIGINT', since) }} OR s."billing_branch_id" IN {{ changed_ids('Branches', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'branches') }} AS t
@@ -126,7 +127,7 @@ SELECT 'InsuranceVerifications' AS entity, CAST(s."id" AS VARCHAR) AS record_id,
 FROM (
     SELECT * FROM {{ source('clinical', 'insurance_verifications') }} AS s
     WHERE s."_deleted_at" IS NULL AND s."prescription_id" IS NOT NULL
-    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('InsuranceVerifications', 'BIGINT') }} OR s."prescription_id" IN {{ changed_ids('Prescriptions', 'VARCHAR') }}) {% endif %}
+    {% if is_incremental() %} AND (s."id" IN {{ changed_ids('InsuranceVerifications', 'BIGINT', since) }} OR s."prescription_id" IN {{ changed_ids('Prescriptions', 'VARCHAR', since) }}) {% endif %}
 ) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM {{ source('clinical', 'prescriptions') }} AS t
