@@ -3,8 +3,8 @@
 A load stages the batches' rows with `read_parquet` and merges every version, each key's oldest
 first (`NEWER`'s order): one newer than the current row is compared by content hash and applied
 (insert, update, resurrection, type-2 history), an older one placed among those held
-(`warehouse/history.py`); then a snapshot's soft deletes, rejects and the batch ledger. The
-caller (`Warehouse.load`) holds the transaction.
+(`warehouse/history.py`); then the soft deletes (`warehouse/soft_deletes.py`), rejects and the
+batch ledger. The caller (`Warehouse.load`) holds the transaction.
 
 A fresh load (an empty table, no key twice) skips all that and streams the rows into
 `clinical`. DuckDB keeps no insertion order (`preserve_insertion_order`): no table here
@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.clinical_records.catalogue import Canonical, EntitySet
-from warehouse import changes, ddl, history, ledger
+from warehouse import changes, ddl, history, ledger, soft_deletes
 from warehouse.ident import column_list, qualified, quote
-from warehouse.lake import DELETES, REJECTS, BatchInfo, Lake, side_path
+from warehouse.lake import REJECTS, BatchInfo, Lake, side_path
 from warehouse.ledger import LoadResult
 from warehouse.normalise import REJECT
 from warehouse.schema import EXTRAS
@@ -80,11 +80,11 @@ class Merge:
             # everything: one streaming statement, nothing to compare with.
             actions[INSERT] = self._insert_fresh()
             changes.record_fresh(self.con, self.ent, self.run_id, self.files)
-            deleted = self._apply_deletes()
+            deleted = soft_deletes.found_gone(self)
         else:
             actions.update(self._merge_versions(duplicated))
-            deleted = self._mark_deleted() if snapshot else 0
-            deleted += self._apply_deletes()
+            deleted = soft_deletes.missed_by_snapshot(self) if snapshot else 0
+            deleted += soft_deletes.found_gone(self)
             self.con.execute('DROP TABLE "_keys"')
         if snapshot:
             self._record_snapshot()
@@ -328,81 +328,7 @@ class Merge:
                 [UPDATE, INSERT],
             )
 
-    def _mark_deleted(self) -> int:
-        """A snapshot marks what it did not see (nor reject) and was extracted before it; a
-        later snapshot's mark (it committed first) moves back to it, as in extraction order."""
-        files = self._reject_files()
-        rejected_keys = (
-            f"""AND CAST(c.{self.key} AS VARCHAR) NOT IN (
-                    SELECT r."key" FROM read_parquet(?, union_by_name = true, hive_partitioning = false) AS r
-                    WHERE r."key" IS NOT NULL)"""
-            if files
-            else ""
-        )
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_gone" AS
-                SELECT c.rowid AS "row", ?::TIMESTAMPTZ AS "at" FROM {self.clinical} AS c
-                WHERE c."_extracted_at" <= ?
-                  AND NOT EXISTS (SELECT 1 FROM "_keys" AS s WHERE s.{self.key} = c.{self.key})
-                  {rejected_keys}""",
-            [self.snapshot_at, self.snapshot_at, *([files] if files else [])],
-        )
-        return self._mark()
-
-    def _apply_deletes(self) -> int:
-        """Mark deleted the keys an extraction found gone at the source, as of the first such
-        batch extracted at or after the version held (an earlier deletion stays)."""
-        found = [
-            (str(side_path(Lake.root_of(p), DELETES, i.table, i.batch_id)), i.extracted)
-            for p, i in zip(self.paths, self.infos, strict=True)
-            if i.deletes
-        ]
-        if not found:
-            return 0
-        gone = pa.table(
-            {
-                "file": [f for f, _ in found],
-                "at": pa.array([t for _, t in found], pa.timestamp("us", "UTC")),
-            }
-        )
-        self.con.register("_gone_files", gone)
-        # The keys found gone, held, each with its first deletion: one join, its keys compared
-        # in the table's type (a text cast of every key held would scan clinical whole) and
-        # then as sent, so that "007" never deletes 7.
-        kind = self.ent.field(self.ent.key).canonical.value
-        self.con.execute(
-            f"""CREATE TEMP TABLE "_gone" AS
-                SELECT h.rowid AS "row", min(f."at") AS "at"
-                FROM read_parquet(?, filename = true, hive_partitioning = false) AS d
-                JOIN "_gone_files" AS f ON d."filename" = f."file"
-                JOIN {self.clinical} AS h ON h.{self.key} = TRY_CAST(d."key" AS {kind})
-                 AND CAST(h.{self.key} AS VARCHAR) = d."key" AND h."_extracted_at" <= f."at"
-                GROUP BY ALL""",
-            [[f for f, _ in found]],
-        )
-        self.con.unregister("_gone_files")
-        return self._mark()
-
-    def _mark(self) -> int:
-        """Mark deleted the rows of `_gone` (clinical's row id, the instant it went): records
-        deleted later move back to it (they were gone already), live ones are marked and
-        recorded deleted in analytics.changes. How many it marked; drops `_gone`.
-
-        The live keys are read before the update: an UPDATE with RETURNING reads and writes
-        every column of the rows it returns, and took a second for a few hundred rows."""
-        update = f"""UPDATE {self.clinical} AS c SET "_deleted_at" = g."at" FROM "_gone" AS g
-                     WHERE c.rowid = g."row" AND """
-        (moved,) = self.con.execute(update + 'c."_deleted_at" > g."at"').fetchone()
-        keys = self.con.execute(
-            f"""SELECT c.{self.key} FROM {self.clinical} AS c JOIN "_gone" AS g
-                ON c.rowid = g."row" WHERE c."_deleted_at" IS NULL"""
-        ).fetchall()
-        self.con.execute(update + 'c."_deleted_at" IS NULL')
-        self.con.execute('DROP TABLE "_gone"')
-        changes.record_keys(self.con, self.ent, self.run_id, changes.DELETED, [k for (k,) in keys])
-        return moved + len(keys)
-
-    def _reject_files(self) -> list[str]:
+    def reject_files(self) -> list[str]:
         return [
             str(_rejects_path(p, i))
             for p, i in zip(self.paths, self.infos, strict=True)
@@ -411,7 +337,7 @@ class Merge:
 
     def _rejects(self, new: list[bool]) -> int:
         """Copy the batches' rejects into ops.rejects once; return the rejected rows."""
-        files = self._reject_files()
+        files = self.reject_files()
         if not files:
             return 0
         self.con.execute(
