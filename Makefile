@@ -74,11 +74,12 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python benchmarks/run_all.py
 
-# The simulation's 20,000 seeds (SOAK_SEEDS), then the reliability suite at 10x its CI size.
+# The simulation's 20,000 seeds (SOAK_SEEDS), then the reliability suite at 10x its CI size,
+# both on TEST_WORKERS processes (the suite's files spread as `make test` spreads them).
 SOAK_SEEDS ?= 0:20000
 soak: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m tests.simulation --seeds $(SOAK_SEEDS) --workers $(TEST_WORKERS)
-	CLINICAL_SOAK=1 $(BIN)/python -m pytest -m reliability
+	CLINICAL_SOAK=1 $(BIN)/python -m pytest -m reliability -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) data artefacts site *.egg-info
