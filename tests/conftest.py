@@ -13,6 +13,7 @@ from connectors.clinical_records.catalogue import SCOPE_PREFIX
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from tests.postgres import INSTALL_HINT, PostgresServer, binaries, postgres_server
+from tests.reliability.ledger import LEDGER, WORKER_OUTPUT
 from tests.warehouse_records import Harness
 
 
@@ -91,3 +92,18 @@ def postgres() -> Iterator[PostgresServer]:
 def postgres_url(postgres: PostgresServer) -> str:
     """A fresh, empty database on the session's server."""
     return postgres.database()
+
+
+# -- the reliability suite's ledger, here because the controller of `pytest -n` collects no
+# test and so loads no conftest below this one
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """A worker of `pytest -n` ended: its reliability figures added to the session's."""
+    LEDGER.add(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT, {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if getattr(config, "workeroutput", None) is None:  # a worker's is sent, not printed
+        LEDGER.print_to(terminalreporter)

@@ -1,6 +1,6 @@
 """The reliability suite's harness: a sandbox and a target under tmp_path, the real
 `clinical-sync` command as a subprocess, the comparison with the ground truth, and the soak
-ledger printed at the end of the session.
+ledger (tests/reliability/ledger.py) printed at the end of the session.
 
 Size: CI runs each case small; `make soak` sets CLINICAL_SOAK=1 and every case grows 10x.
 """
@@ -32,6 +32,7 @@ from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport
 from pipelines.runner import sync as run_sync
 from sync.reconcile_mark import Blind
+from tests.reliability.ledger import LEDGER, WORKER_OUTPUT, Ledger
 from tests.truth import canonical, live_rows
 from warehouse.ident import qualified, quote
 from warehouse.lake import Lake
@@ -50,62 +51,7 @@ BASE_SCALE = 0.04  # about 900 records over the eight sets at CI size
 SYNC_TIMEOUT = 150 * SIZE
 
 
-# -- the soak ledger -----------------------------------------------------------------------
-
-
-@dataclass
-class Ledger:
-    """Figures the suite collects across cases; printed as one table at the end."""
-
-    faults: Counter[str] = field(default_factory=Counter)
-    crashes_survived: int = 0
-    kills: Counter[str] = field(default_factory=Counter)  # by the phase the run was in
-    bad_rows_rejected: int = 0
-    records_compared: int = 0
-    mismatches: int = 0
-    reported: int = 0  # runs that ended not exact and said so (an ERROR check failed)
-    differences: Counter[str] = field(default_factory=Counter)  # records missing, stale, ...
-    secrets_found: int = 0
-    changes_during_runs: int = 0  # what drift changed at the source while runs read it
-    reconciled: int = 0  # records the runs' reconciliation re-read or found deleted
-    cases: int = 0
-
-    def add_faults(self, stats: Mapping[str, int]) -> None:
-        """The sandbox's `injected_*` counters and the 429s it sent."""
-        for name, value in stats.items():
-            if name.startswith("injected_") and name != "injected_error":  # = http_5xx
-                self.faults[name.removeprefix("injected_")] += int(value)
-        self.faults["429_rate_limit"] += int(stats.get("throttled", 0))
-
-    def rows(self) -> list[tuple[str, str]]:
-        kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(self.faults.items()) if v) or "none"
-        return [
-            ("size factor", f"{SIZE}x"),
-            ("cases run", f"{self.cases}"),
-            ("faults injected", f"{sum(self.faults.values()):,} ({kinds})"),
-            ("crashes survived (SIGKILL)", f"{self.crashes_survived}{self._by_phase()}"),
-            ("bad rows rejected", f"{self.bad_rows_rejected}"),
-            ("records compared", f"{self.records_compared:,}"),
-            (
-                "changed during runs, reconciled",
-                f"{self.changes_during_runs:,}, {self.reconciled:,}",
-            ),
-            (
-                "missing, extra, stale, duplicated (must be 0)",
-                ", ".join(str(self.differences[k]) for k in DIFFERENCES),
-            ),
-            ("mismatches (must be 0)", f"{self.mismatches}"),
-            ("runs not exact, reported by a failed check", f"{self.reported}"),
-            ("secrets found (must be 0)", f"{self.secrets_found}"),
-        ]
-
-    def _by_phase(self) -> str:
-        phases = ", ".join(f"{k} {v}" for k, v in sorted(self.kills.items()))
-        return f" (killed while: {phases})" if phases else ""
-
-
-DIFFERENCES = ("missing", "extra", "stale", "duplicated")  # against the truth, per record
-LEDGER = Ledger()
+LEDGER.size = SIZE
 
 
 @pytest.fixture
@@ -123,14 +69,12 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.timeout(300 * SIZE))
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not LEDGER.cases:
-        return
-    rows = LEDGER.rows()
-    width = max(len(name) for name, _ in rows)
-    terminalreporter.section("reliability summary")
-    for name, value in rows:
-        terminalreporter.write_line(f"{name.ljust(width)}  {value}")
+def pytest_sessionfinish(session) -> None:
+    """On a worker of `pytest -n` (make test, make soak): its figures to the controller,
+    which adds every worker's and prints the table (tests/conftest.py)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None and LEDGER.cases:
+        output[WORKER_OUTPUT] = LEDGER.as_dict()
 
 
 # -- a sandbox and a target ------------------------------------------------------------------
