@@ -6,8 +6,8 @@ generator, connectors/sandbox/generator.py, applies them set by set).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
@@ -122,9 +122,18 @@ class Context:
     columns: dict[str, list]  # columns of this set made so far (overrides may read them)
     created: np.ndarray  # creation instants (epoch seconds), made first: later times follow it
     resolved: bool = False  # navigation references never null, never dangling
+    made_keys: Mapping[str, list] = field(default_factory=dict)  # a set's keys, where kept
 
     def resolves(self, fld: Field) -> bool:
         return self.resolved and (self.entity.name, fld.name) in RESOLVED_FIELDS
+
+    def keys_of(self, home: EntitySet) -> list:
+        """The keys of a set made so far, in its records' order: the store's own list (kept
+        beside its rows, `Table.keys`) or read off the records. Drift and a year's days make
+        records a few at a time against sets of hundreds of thousands: reading every key off
+        every record took most of a day's making."""
+        kept = self.made_keys.get(home.name)
+        return kept if kept is not None else [r[home.key] for r in self.made[home.name]]
 
     def times(self, start: float | None = None) -> np.ndarray:
         """Epoch seconds between `start` (default: three years ago) and now."""
@@ -147,8 +156,8 @@ def parent_keys(ctx: Context, fld: Field) -> list:
         existing = ctx.made.get(home.name) if ctx.resolves(fld) else None
         # A self reference points among the new records, or (resolved, when the set already
         # has records) at one that exists: a new record's serial may yet give way to a key.
-        return [r[home.key] for r in existing] if existing else ctx.ids
-    return [r[home.key] for r in ctx.made[home.name]]
+        return ctx.keys_of(home) if existing else ctx.ids
+    return ctx.keys_of(home)
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -340,7 +349,7 @@ def claim_money(ctx: Context, fld: Field) -> Column:
 def dangling_prescription(ctx: Context, fld: Field) -> Column:
     values = reference(ctx, fld)
     missing = max(1, round(ctx.n * DANGLING_CLAIMS)) if ctx.n >= 50 else 0
-    top = max((r["id"] for r in ctx.made["Prescriptions"]), default=0)
+    top = max(ctx.keys_of(cat.BY_NAME["Prescriptions"]), default=0)
     picks = ctx.rng.choice(ctx.n, missing, replace=False).tolist()  # drawn either way: the
     if ctx.resolves(fld):  # rest of the data stays the same with or without `resolved`
         return values

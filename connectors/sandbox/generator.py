@@ -144,14 +144,16 @@ def make_records(
     created_after: float | None = None,
     resolved: bool = False,
     rules: Profile = PROFILES["spec"],
+    made_keys: Mapping[str, list] | None = None,
 ) -> list[dict]:
     """`n` new records of one set; `created_after` places them in (created_after, now];
     `resolved`: every navigation reference set and naming a record of `made`; `rules`: the
-    values profile that draws them."""
+    values profile that draws them; `made_keys`: each set's keys in its records' order, where
+    the caller keeps them (the store does)."""
     ids = rules.ids(entity, first_id, n, rng)
     start = now - HISTORY_SECONDS if created_after is None else created_after
     created = np.sort(rng.uniform(start, now, n)).astype(np.int64) + 1
-    ctx = Context(rng, n, entity, made, ids, now, {}, created, resolved)
+    ctx = Context(rng, n, entity, made, ids, now, {}, created, resolved, made_keys or {})
     columns = ctx.columns
     for fld in entity.fields:
         if fld.name == entity.key:

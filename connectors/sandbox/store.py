@@ -295,6 +295,7 @@ class Store:
             n,
             rng=self._rng,
             made={k: t.rows for k, t in self.tables.items()},
+            made_keys={k: t.keys for k, t in self.tables.items()},
             first_id=first_id,
             now=self.now.timestamp(),
             created_after=after.timestamp(),
