@@ -10,15 +10,33 @@ transaction, after its versions are applied.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
 
+import duckdb
 import pyarrow as pa
 
+from connectors.clinical_records.catalogue import EntitySet
 from warehouse import changes
-from warehouse.lake import DELETES, Lake, side_path
+from warehouse.lake import DELETES, BatchInfo, Lake, side_path
 
-if TYPE_CHECKING:
-    from warehouse.merge import Merge
+
+class Merge(Protocol):
+    """What the soft deletes read of a load's merge (`warehouse.merge.Merge`), named here so
+    that this module never imports the one that calls it."""
+
+    con: duckdb.DuckDBPyConnection
+    ent: EntitySet
+    run_id: str
+    clinical: str  # the qualified clinical table
+    key: str  # its quoted key column
+    paths: Sequence[Path]
+    infos: Sequence[BatchInfo]
+    snapshot_at: datetime
+
+    def reject_files(self) -> list[str]: ...
 
 
 def missed_by_snapshot(merge: Merge) -> int:
