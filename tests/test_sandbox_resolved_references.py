@@ -4,7 +4,11 @@ start and after a day of changes and drift; with the switch off the data is toda
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -156,3 +160,32 @@ def test_sandbox_command_takes_the_dangling_share_and_the_or_switch() -> None:
             assert {s for s, _, _ in unresolved(client)} >= {"Claims", "InsuranceVerifications"}
             refused = client.get("Claims", params={"$filter": "id eq 1 or id eq 2"})
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "InvalidFilter"
+
+
+FINGERPRINT = """
+import hashlib, json
+from connectors.sandbox.store import Store
+store = Store(seed=5, scale=0.1, resolved_references=True)
+for _ in range(3):
+    store.advance(seconds=3600, insert_fraction=0.01, update_fraction=0.01, delete_fraction=0.002)
+truth = json.dumps(store.ground_truth(), sort_keys=True, default=str)
+print(hashlib.sha256(truth.encode()).hexdigest())
+"""
+
+
+def test_resolved_data_is_the_seeds_whatever_pythons_hash_seed():
+    """Same seed, same data, in any process: the references a new record is made to name are
+    drawn in one order, not in the order a set of names happens to iterate (it varies with
+    PYTHONHASHSEED, and the data did with it)."""
+    prints = {
+        subprocess.run(
+            [sys.executable, "-c", FINGERPRINT],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(prints) == 1, prints

@@ -306,7 +306,7 @@ class Store:
     def _resolve(self, entity: EntitySet, record: dict) -> None:
         """A template's references made to name records that exist now (made earlier, it
         may name one deleted since)."""
-        for child_name, field_name, parent_name in columns.RESOLVED:
+        for child_name, field_name, parent_name in sorted(columns.RESOLVED):
             if child_name != entity.name:
                 continue
             survivors = columns.joinable(self.tables[parent_name].keys, entity.field(field_name))
