@@ -131,7 +131,8 @@ class Context:
         """The keys of a set made so far, in its records' order: the store's own list (kept
         beside its rows, `Table.keys`) or read off the records. Drift and a year's days make
         records a few at a time against sets of hundreds of thousands: reading every key off
-        every record took most of a day's making."""
+        every record took most of a day's making. The store's list itself, not a copy: read
+        it, never change it (the table bisects it)."""
         kept = self.made_keys.get(home.name)
         return kept if kept is not None else [r[home.key] for r in self.made[home.name]]
 
