@@ -28,7 +28,7 @@ import duckdb
 from warehouse.ident import qualified
 
 SETTING = "max_vacuum_tasks"
-_KNOWN: dict[tuple[str, str], bool] = {}  # whether a setting exists, by DuckDB version
+_KNOWN: dict[str, bool] = {}  # whether this process's DuckDB has a setting, by name
 DEAD_FRACTION = 0.2  # of the rows a table stores, live and dead
 
 
@@ -75,13 +75,12 @@ def _vacuum_when(con: duckdb.DuckDBPyConnection, tables: Sequence[tuple[str, str
 def _knows_setting(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether this DuckDB has the setting, asked once per process: `duckdb_settings()` lists
     every setting (3.9 ms), and each load and each models' build asks."""
-    asked = (duckdb.__version__, SETTING)
-    if asked not in _KNOWN:
+    if SETTING not in _KNOWN:
         (count,) = con.execute(
             "SELECT count(*) FROM duckdb_settings() WHERE name = ?", [SETTING]
         ).fetchone()
-        _KNOWN[asked] = bool(count)
-    return _KNOWN[asked]
+        _KNOWN[SETTING] = bool(count)
+    return _KNOWN[SETTING]
 
 
 def free_share(con: duckdb.DuckDBPyConnection) -> float:

@@ -350,7 +350,7 @@ def claim_money(ctx: Context, fld: Field) -> Column:
 def dangling_prescription(ctx: Context, fld: Field) -> Column:
     values = reference(ctx, fld)
     missing = max(1, round(ctx.n * DANGLING_CLAIMS)) if ctx.n >= 50 else 0
-    top = max(ctx.keys_of(cat.BY_NAME["Prescriptions"]), default=0)
+    top = max(ctx.keys_of(cat.PRESCRIPTIONS), default=0)
     picks = ctx.rng.choice(ctx.n, missing, replace=False).tolist()  # drawn either way: the
     if ctx.resolves(fld):  # rest of the data stays the same with or without `resolved`
         return values

@@ -32,7 +32,7 @@ from connectors.sandbox.server import SandboxServer
 from pipelines.runner import SyncReport
 from pipelines.runner import sync as run_sync
 from sync.reconcile_mark import Blind
-from tests.reliability.ledger import LEDGER, WORKER_OUTPUT, Ledger
+from tests.reliability.ledger import LEDGER, SIZE, WORKER_OUTPUT, Ledger
 from tests.truth import canonical, live_rows
 from warehouse.ident import qualified, quote
 from warehouse.lake import Lake
@@ -40,18 +40,8 @@ from warehouse.lake import Lake
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def soak_factor() -> int:
-    """10 under `make soak` (CLINICAL_SOAK set to anything but 0/empty), else 1."""
-    flag = os.environ.get("CLINICAL_SOAK", "").strip()
-    return 10 if flag and flag != "0" else 1
-
-
-SIZE = soak_factor()
 BASE_SCALE = 0.04  # about 900 records over the eight sets at CI size
 SYNC_TIMEOUT = 150 * SIZE
-
-
-LEDGER.size = SIZE
 
 
 @pytest.fixture

@@ -1,16 +1,27 @@
 """The soak ledger: figures the reliability suite collects across its cases (faults injected,
 crashes survived, records compared, differences found), printed as one table at the end of
 the session. Under `pytest -n` each worker keeps its own and sends it to the controller at
-its end (`as_dict`, xdist's `workeroutput`), which adds them (`add`) and prints the sum."""
+its end (`as_dict`, xdist's `workeroutput`), which adds them (`add`) and prints the sum. The
+size factor is the environment's (`CLINICAL_SOAK`), which workers and controller share."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 WORKER_OUTPUT = "reliability_ledger"  # the key of a worker's ledger in its workeroutput
+
+
+def soak_factor() -> int:
+    """10 under `make soak` (CLINICAL_SOAK set to anything but 0/empty), else 1."""
+    flag = os.environ.get("CLINICAL_SOAK", "").strip()
+    return 10 if flag and flag != "0" else 1
+
+
+SIZE = soak_factor()
 
 
 @dataclass
@@ -29,7 +40,6 @@ class Ledger:
     changes_during_runs: int = 0  # what drift changed at the source while runs read it
     reconciled: int = 0  # records the runs' reconciliation re-read or found deleted
     cases: int = 0
-    size: int = 1  # the size factor the cases ran at (10 under make soak); not a sum
 
     def add_faults(self, stats: Mapping[str, int]) -> None:
         """The sandbox's `injected_*` counters and the 429s it sent."""
@@ -41,7 +51,7 @@ class Ledger:
     def rows(self) -> list[tuple[str, str]]:
         kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(self.faults.items()) if v) or "none"
         return [
-            ("size factor", f"{self.size}x"),
+            ("size factor", f"{SIZE}x"),
             ("cases run", f"{self.cases}"),
             ("faults injected", f"{sum(self.faults.values()):,} ({kinds})"),
             ("crashes survived (SIGKILL)", f"{self.crashes_survived}{self._by_phase()}"),
@@ -79,8 +89,6 @@ class Ledger:
             mine = getattr(self, f.name)
             if isinstance(mine, Counter):
                 mine.update(other[f.name])
-            elif f.name == "size":
-                self.size = max(self.size, other[f.name])
             else:
                 setattr(self, f.name, mine + other[f.name])
 
