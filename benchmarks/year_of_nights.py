@@ -44,6 +44,7 @@ from warehouse.lake import Lake
 from warehouse.load import Warehouse
 from warehouse.normalise import normalise
 from warehouse.publish import publish, working_path
+from warehouse.writer import writing
 
 MIB = 1024 * 1024
 DAY = {"insert_fraction": 0.01, "update_fraction": 0.01, "delete_fraction": 0.002}
@@ -251,18 +252,19 @@ def night(
     work = working_path(published)
     run_id = f"night-{number:04d}"
     started, cpu = time.perf_counter(), time.process_time()
-    batches = lake_batches(lake, day, run_id, store)
-    lake_done = time.perf_counter()
-    with Warehouse(work) as wh:
-        wh.ensure_schema()
-        for entity, path in batches:
-            wh.load(entity, [path], run_id=run_id, snapshot=number == 0)
-    loads_done = time.perf_counter()
-    build_models(work)
-    models_done, models_cpu = time.perf_counter(), time.process_time()
-    publish(work, published)
-    published_at = time.perf_counter()
-    mib, history, clinical, dead = file_figures(work)
+    with writing(work):  # held for the night, as `clinical-sync sync` holds it for its run
+        batches = lake_batches(lake, day, run_id, store)
+        lake_done = time.perf_counter()
+        with Warehouse(work) as wh:
+            wh.ensure_schema()
+            for entity, path in batches:
+                wh.load(entity, [path], run_id=run_id, snapshot=number == 0)
+        loads_done = time.perf_counter()
+        build_models(work)
+        models_done, models_cpu = time.perf_counter(), time.process_time()
+        publish(work, published)
+        published_at = time.perf_counter()
+        mib, history, clinical, dead = file_figures(work)
     return Night(
         night=number,
         changes=sum(len(r) + len(g) for r, g in day.values()),

@@ -20,7 +20,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, migrations, ops, runs, vacuum, writer
+from warehouse import ddl, kept, migrations, ops, runs, vacuum, writer
 from warehouse.connection import Transaction, connect, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
@@ -61,7 +61,9 @@ def _on_con(
 class Warehouse:
     """The DuckDB warehouse file; a context manager that, open to write, holds the writer lock
     (`warehouse/writer.py`) and DuckDB's write lock. `lock`: the warehouse whose writer lock
-    it holds (a rebuild's new file: the working copy it replaces), by default its own."""
+    it holds (a rebuild's new file: the working copy it replaces), by default its own. Opened
+    while this process already holds the file's writer lock (a command's steps), it is a
+    cursor of the instance the command keeps (`warehouse/kept.py`)."""
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class Warehouse:
         self.entities = {e.name: e for e in entities}
         self.lock = Path(lock) if lock is not None else self.path
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._kept = False
         self._writing = contextlib.ExitStack()
 
     def __enter__(self) -> Warehouse:
@@ -91,26 +94,40 @@ class Warehouse:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(failed=kind is not None)
 
     def open(self) -> None:
         if self._con is None:
+            self._kept = self.lock == self.path and writer.held_here(self.path)
             if not self.read_only:
                 private_dir(self.path.parent)
                 self._writing.enter_context(writer.writing(self.lock, wait=self.wait))
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
             try:
-                self._con = connect(self.path, self.read_only, self.wait, self.memory_limit)
+                self._con = (
+                    kept.cursor(self.path, self._connect_to_write)
+                    if self._kept
+                    else connect(self.path, self.read_only, self.wait, self.memory_limit)
+                )
             except BaseException:
                 self._writing.close()
                 raise
             if not self.read_only:
                 make_private(self.path)  # DuckDB created it with the umask's mode
 
-    def close(self) -> None:
+    def _connect_to_write(self) -> duckdb.DuckDBPyConnection:
+        """The instance a command keeps is a writer's, whatever its first user wanted: DuckDB
+        gives a process one instance per file."""
+        return connect(self.path, False, self.wait, self.memory_limit)
+
+    def close(self, *, failed: bool = False) -> None:
+        """Close; `failed`: the block that used it raised (a kept instance is let go)."""
         if self._con is not None:
-            self._con.close()
+            if self._kept:
+                kept.done(self.path, self._con, checkpoint=not self.read_only, failed=failed)
+            else:
+                self._con.close()
             self._con = None
             if not self.read_only:
                 make_private(self.path.with_name(self.path.name + ".wal"))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import duckdb
 
-from warehouse import vacuum
+from warehouse import kept, vacuum
 from warehouse.ddl import ANALYTICS, MODEL_HEALTH_VIEW
 from warehouse.ident import literal, qualified, quote
 from warehouse.load import Warehouse
@@ -154,6 +154,7 @@ def _compact(wh: Warehouse, work: Path) -> None:
         finally:
             wh.con.execute(f"DETACH {COMPACTING}")
         make_private(compact)
+        kept.replaced(work)  # the instance `wh` reads closes with it, never to write again
         os.replace(compact, work)
     finally:
         compact.unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import models
+from warehouse import kept, models
 from warehouse.dbt_project import Project
 from warehouse.lake import FORMAT_VERSION, BatchInfo, Lake
 from warehouse.load import LoadResult, Warehouse
@@ -69,6 +69,7 @@ def _rebuild(
     if target.exists():
         with Warehouse(target, entities=entities):  # WarehouseLocked while a program holds it
             pass
+        kept.replaced(target)  # read below as a file of its own, then replaced
     building = target.with_name(target.name + ".rebuild")
     _remove(building)
     results: dict[str, LoadResult] = {}
@@ -117,6 +118,7 @@ def _rebuild(
     log.info("rebuild: models %s", built.summary())
     if say is not None:
         say(f"models: {built.summary()}")
+    kept.replaced(target)  # this process's instance of the old file closes first
     _remove(target)
     os.replace(building, target)
     return results

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from warehouse import kept
 from warehouse.connection import process_name
 from warehouse.errors import WarehouseLocked
 from warehouse.private import PRIVATE_FILE, private_dir
@@ -85,6 +86,7 @@ def writing(
             hold.depth -= 1
             if hold.depth == 0:
                 del _holds[path]
+                kept.release(Path(warehouse))  # before the lock goes: nobody may open it first
                 _release(hold.fd)
 
 
