@@ -74,6 +74,18 @@ def test_a_behaviour_flag_names_its_module_without_reading_the_stack(monkeypatch
     assert _flag_declared_here() == __name__
 
 
+def test_dbt_lists_the_folders_of_sys_path_for_plugins_once_per_process(monkeypatch):
+    """dbt looked for plugin modules before every command by listing every folder of
+    `sys.path`; the runner keeps the first answer for the process."""
+    from dbt.plugins.manager import PluginManager
+
+    dbt_project.runner()
+    found = PluginManager.get_prefixed_modules()
+    monkeypatch.setattr("pkgutil.iter_modules", lambda *a: pytest.fail("sys.path listed again"))
+    assert PluginManager.from_modules("clinical_records") is not None
+    assert PluginManager.get_prefixed_modules() == found
+
+
 @pytest.fixture
 def proxy() -> Iterator[tuple[str, list[bytes]]]:
     """An HTTP proxy on 127.0.0.1 that answers nothing and notes every request for a host."""
