@@ -9,12 +9,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from connectors.clinical_records.catalogue import SCOPE_PREFIX
+from connectors.clinical_records.catalogue import (
+    APPOINTMENT_TYPES,
+    APPOINTMENTS,
+    BRANCHES,
+    CLAIMS,
+    INSURANCE_VERIFICATIONS,
+    PATIENTS,
+    PHYSICIANS,
+    PRESCRIPTIONS,
+    SCOPE_PREFIX,
+)
 from connectors.sandbox.config import SandboxConfig
 from connectors.sandbox.server import SandboxServer
 from tests.postgres import INSTALL_HINT, PostgresServer, binaries, postgres_server
 from tests.reliability.ledger import LEDGER, WORKER_OUTPUT
-from tests.warehouse_records import Harness
+from tests.warehouse_records import MODELS, Harness, record
+from warehouse import models
 
 
 def fetch_token(server: SandboxServer, customer: str | None = None) -> str:
@@ -107,3 +118,106 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if getattr(config, "workeroutput", None) is None:  # a worker's is sent, not printed
         LEDGER.print_to(terminalreporter)
+
+
+@pytest.fixture
+def linked(tmp_path) -> Iterator[Harness]:
+    """A warehouse with the linked records of every model, its models built (their tests' files
+    share it)."""
+    h = Harness(tmp_path)
+    h.sync(PATIENTS, [record(PATIENTS, 10, id="10", first_name="Zoë", last_name="O'Brien")])
+    h.sync(BRANCHES, [record(BRANCHES, 3, name="North")])
+    h.sync(
+        PHYSICIANS,
+        [
+            record(PHYSICIANS, 21, id="21", first_name="Ada", last_name="Ref"),
+            record(PHYSICIANS, 22, id="22", first_name="Bo", last_name="Care"),
+        ],
+    )
+    h.sync(APPOINTMENT_TYPES, [record(APPOINTMENT_TYPES, 1)])
+    h.sync(
+        PRESCRIPTIONS,
+        [
+            record(
+                PRESCRIPTIONS,
+                100,
+                patient_id=10,
+                branch_id=3,
+                referring_physician_id=21,
+                primary_care_physician_id=22,
+                prescription_date="2026-01-01",
+                delivered_on="2026-01-11T15:00:00-05:00",
+            ),
+            record(PRESCRIPTIONS, 101, patient_id=10, delivered_on=None),
+        ],
+    )
+    claim = {
+        "total_claim_amount": "0.10",
+        "total_claim_paid": "0.05",
+        "prescription_id": 100,
+        "billing_branch_id": 3,
+    }
+    h.sync(
+        CLAIMS,
+        [
+            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
+            record(
+                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
+            ),
+            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
+            record(CLAIMS, 4, **{**claim, "total_claim_amount": "5.00"}),
+        ],
+        snapshot=True,
+    )
+    # Claim 4 is deleted at the source: a snapshot without it.
+    h.sync(
+        CLAIMS,
+        [
+            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
+            record(
+                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
+            ),
+            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
+        ],
+        day=1,
+        snapshot=True,
+    )
+    h.sync(
+        INSURANCE_VERIFICATIONS,
+        [
+            record(
+                INSURANCE_VERIFICATIONS,
+                7,
+                prescription_id=100,
+                verified_on="2026-01-02",
+                network_type="OUT",
+            ),
+            record(
+                INSURANCE_VERIFICATIONS,
+                8,
+                prescription_id=100,
+                verified_on="2026-01-05",
+                network_type="IN",
+                pre_auth_necessary=True,
+            ),
+            record(INSURANCE_VERIFICATIONS, 9, prescription_id=555),
+        ],
+    )
+    h.sync(
+        APPOINTMENTS,
+        [
+            record(
+                APPOINTMENTS, 1, patient_id="10", prescription_id="100", appointment_type_id="app-1"
+            ),
+            record(
+                APPOINTMENTS,
+                2,
+                patient_id="404",
+                prescription_id="100",
+                appointment_type_id="app-1",
+            ),
+        ],
+    )
+    assert set(models.build(h.path).built) == MODELS
+    yield h
+    h.close()

@@ -14,7 +14,7 @@ from connectors.clinical_records.catalogue import ALL_ENTITIES, Canonical, Edm, 
 from warehouse.dbt_project import DEFAULT_PROJECT, manifest_json, prepare
 from warehouse.lake import Lake
 from warehouse.load import LoadResult, Warehouse
-from warehouse.models import models, select_sql
+from warehouse.models import Model, models, select_sql
 from warehouse.normalise import normalise
 
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
@@ -152,3 +152,16 @@ PER_BRANCH = (
     "select billing_branch_id, count(*) as claims "
     "from {{ source('clinical', 'claims') }} group by 1\n"
 )
+
+
+# The linked models of transform/, by table name.
+MODELS = {
+    "prescription_claims",
+    "prescription_verifications",
+    "prescription_summary",
+    "broken_references",
+}
+
+
+def transform_models() -> list[Model]:
+    return models(manifest_json(prepare()))
