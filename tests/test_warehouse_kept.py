@@ -115,3 +115,22 @@ def test_a_forked_process_does_not_use_its_parents_instance(tmp_path):
         assert os.waitstatus_to_exitcode(status) == 0
         wh.con.execute("INSERT INTO t VALUES (3)")  # the parent's instance still works
     assert rows(work) == 1
+
+
+def test_a_warehouse_left_open_past_its_hold_leaves_the_next_holds_instance_alone(tmp_path):
+    """A cursor closed after its hold ended counts against its own instance, never against
+    the next hold's: the next hold's writer still checkpoints as it closes."""
+    work = working_copy(tmp_path / "warehouse.duckdb")
+    with writing(work):
+        with Warehouse(work) as wh:
+            wh.con.execute("CREATE TABLE t (x INTEGER)")
+        reader = Warehouse(work, read_only=True)
+        reader.open()
+    with writing(work):
+        wh = Warehouse(work)
+        wh.open()  # the next hold's instance
+        reader.close()  # the first hold's cursor, done at last
+        wh.con.execute("INSERT INTO t VALUES (4)")
+        wh.close()
+        assert not work.with_name(work.name + ".wal").exists()  # it was the only one: checkpointed
+    assert rows(work) == 1

@@ -31,15 +31,17 @@ import duckdb
 SESSION = ("SET TimeZone = 'UTC'",)  # of what `connection.connect` sets, a cursor's own
 
 
-@dataclass
+@dataclass(eq=False)
 class _Instance:
+    key: Path
     root: duckdb.DuckDBPyConnection
     file: tuple[int, int] | None  # (device, inode) of the file it opened
     users: int = 0
     gone: bool = False  # replaced, or a cursor failed: closed when its last cursor closes
 
 
-_instances: dict[Path, _Instance] = {}
+_instances: dict[Path, _Instance] = {}  # the instance kept of each file
+_owners: dict[int, tuple[duckdb.DuckDBPyConnection, _Instance]] = {}  # by id of each cursor
 _guard = threading.Lock()
 
 
@@ -69,39 +71,39 @@ def cursor(
                     f"warehouse {path} was replaced while this process still reads it; "
                     "run the command again"
                 )
-            _close(key)
+            _close(held)
             held = None
         if held is None:
             root = connect()  # DuckDB writes a new file's header as it opens it
-            held = _instances[key] = _Instance(root, _identity(key))
+            held = _instances[key] = _Instance(key, root, _identity(key))
         con = held.root.cursor()
         held.users += 1
+        _owners[id(con)] = (con, held)
     try:
         for statement in SESSION:
             con.execute(statement)
     except BaseException:
-        done(path, con, checkpoint=False, failed=True)
+        done(con, checkpoint=False, failed=True)
         raise
     return con
 
 
-def done(path: Path, con: duckdb.DuckDBPyConnection, *, checkpoint: bool, failed: bool) -> None:
-    """A cursor is finished with: a writer's checkpoints when it is the only one in use (as
-    its own instance's close would have); a failed one lets the instance go."""
-    key = _key(path)
+def done(con: duckdb.DuckDBPyConnection, *, checkpoint: bool, failed: bool) -> None:
+    """A cursor is finished with: a writer's checkpoints when it is the only one of its
+    instance in use (as its own instance's close would have); a failed one lets the
+    instance go."""
     with _guard:
-        held = _instances.get(key)
+        _, held = _owners.pop(id(con))
         try:
-            if checkpoint and not failed and held and held.users == 1 and not held.gone:
+            if checkpoint and not failed and held.users == 1 and not held.gone:
                 with contextlib.suppress(duckdb.TransactionException):  # another still writes
                     con.execute("CHECKPOINT")
         finally:
             con.close()
-            if held is not None:
-                held.users -= 1
-                held.gone = held.gone or failed
-                if held.gone and not held.users:
-                    _close(key)
+            held.users -= 1
+            held.gone = held.gone or failed
+            if held.gone and not held.users:
+                _close(held)
 
 
 def replaced(path: Path) -> None:
@@ -113,25 +115,30 @@ def replaced(path: Path) -> None:
         if held is not None:
             held.gone = True
             if not held.users:
-                _close(key)
+                _close(held)
 
 
 def release(path: Path) -> None:
     """The writer lock's hold has ended: close the instance (its cursors, if any are left,
     keep it alive until they close)."""
     with _guard:
-        if _key(path) in _instances:
-            _close(_key(path))
+        held = _instances.get(_key(path))
+        if held is not None:
+            held.gone = True  # a cursor left open closes nothing more when it is done
+            _close(held)
 
 
-def _close(key: Path) -> None:
-    held = _instances.pop(key)
+def _close(held: _Instance) -> None:
+    """Close the instance's own connection and forget it (once)."""
+    if _instances.get(held.key) is held:
+        del _instances[held.key]
     held.root.close()
 
 
 def _forget_in_child() -> None:
     """A forked process does not own its parent's instances (nor may it close them)."""
     _instances.clear()
+    _owners.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

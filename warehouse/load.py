@@ -125,7 +125,7 @@ class Warehouse:
         """Close; `failed`: the block that used it raised (a kept instance is let go)."""
         if self._con is not None:
             if self._kept:
-                kept.done(self.path, self._con, checkpoint=not self.read_only, failed=failed)
+                kept.done(self._con, checkpoint=not self.read_only, failed=failed)
             else:
                 self._con.close()
             self._con = None
