@@ -157,31 +157,19 @@ def linked(tmp_path) -> Iterator[Harness]:
         "prescription_id": 100,
         "billing_branch_id": 3,
     }
+    staying = [
+        record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
+        record(CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"),
+        record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
+    ]
     h.sync(
         CLAIMS,
-        [
-            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
-            record(
-                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
-            ),
-            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
-            record(CLAIMS, 4, **{**claim, "total_claim_amount": "5.00"}),
-        ],
+        [*staying, record(CLAIMS, 4, **{**claim, "total_claim_amount": "5.00"})],
         snapshot=True,
     )
-    # Claim 4 is deleted at the source: a snapshot without it.
     h.sync(
-        CLAIMS,
-        [
-            record(CLAIMS, 1, **claim, date_of_service="2026-01-20"),
-            record(
-                CLAIMS, 2, **{**claim, "total_claim_amount": "0.20"}, date_of_service="2026-01-15"
-            ),
-            record(CLAIMS, 3, prescription_id=999, billing_branch_id=3),
-        ],
-        day=1,
-        snapshot=True,
-    )
+        CLAIMS, staying, day=1, snapshot=True
+    )  # claim 4 deleted at the source: a snapshot without it
     h.sync(
         INSURANCE_VERIFICATIONS,
         [

@@ -78,7 +78,7 @@ def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duck
                 if read_only
                 else duckdb.connect(str(path), read_only=False, config=config)
             )
-            con.execute("SET TimeZone = 'UTC'")
+            set_session(con)
             con.execute(f"SET memory_limit = '{limit}'")
             con.execute("SET preserve_insertion_order = false")
             return con
@@ -88,6 +88,12 @@ def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duck
             if time.monotonic() >= deadline:
                 raise _locked(path, str(exc), wait) from None
             time.sleep(0.2)
+
+
+def set_session(con: duckdb.DuckDBPyConnection) -> None:
+    """What each connection (or cursor) sets for itself: TimeZone is a session's setting in
+    DuckDB; the memory cap and insertion order are the instance's."""
+    con.execute("SET TimeZone = 'UTC'")
 
 
 def open_read_only(path: str | Path) -> duckdb.DuckDBPyConnection:

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import duckdb
 
-SESSION = ("SET TimeZone = 'UTC'",)  # of what `connection.connect` sets, a cursor's own
+from warehouse.connection import set_session
 
 
 @dataclass(eq=False)
-class _Instance:
+class Instance:
+    """A kept instance: its own connection, the file it opened, the cursors in use."""
+
     key: Path
     root: duckdb.DuckDBPyConnection
     file: tuple[int, int] | None  # (device, inode) of the file it opened
@@ -40,8 +42,7 @@ class _Instance:
     gone: bool = False  # replaced, or a cursor failed: closed when its last cursor closes
 
 
-_instances: dict[Path, _Instance] = {}  # the instance kept of each file
-_owners: dict[int, tuple[duckdb.DuckDBPyConnection, _Instance]] = {}  # by id of each cursor
+_instances: dict[Path, Instance] = {}  # the instance kept of each file
 _guard = threading.Lock()
 
 
@@ -59,9 +60,10 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def cursor(
     path: Path, connect: Callable[[], duckdb.DuckDBPyConnection]
-) -> duckdb.DuckDBPyConnection:
-    """A cursor of this process's instance of `path`, opened with `connect` when there is none
-    (or the file is no longer the one it opened and nothing uses it)."""
+) -> tuple[duckdb.DuckDBPyConnection, Instance]:
+    """A cursor of this process's instance of `path` and that instance (`done` is given
+    both), opened with `connect` when there is none (or the file is no longer the one it
+    opened and nothing uses it)."""
     key = _key(path)
     with _guard:
         held = _instances.get(key)
@@ -75,25 +77,22 @@ def cursor(
             held = None
         if held is None:
             root = connect()  # DuckDB writes a new file's header as it opens it
-            held = _instances[key] = _Instance(key, root, _identity(key))
+            held = _instances[key] = Instance(key, root, _identity(key))
         con = held.root.cursor()
         held.users += 1
-        _owners[id(con)] = (con, held)
     try:
-        for statement in SESSION:
-            con.execute(statement)
+        set_session(con)
     except BaseException:
-        done(con, checkpoint=False, failed=True)
+        done(con, held, checkpoint=False, failed=True)
         raise
-    return con
+    return con, held
 
 
-def done(con: duckdb.DuckDBPyConnection, *, checkpoint: bool, failed: bool) -> None:
-    """A cursor is finished with: a writer's checkpoints when it is the only one of its
-    instance in use (as its own instance's close would have); a failed one lets the
+def done(con: duckdb.DuckDBPyConnection, held: Instance, *, checkpoint: bool, failed: bool) -> None:
+    """A cursor of `held` is finished with: a writer's checkpoints when it is the only one of
+    its instance in use (as its own instance's close would have); a failed one lets the
     instance go."""
     with _guard:
-        _, held = _owners.pop(id(con))
         try:
             if checkpoint and not failed and held.users == 1 and not held.gone:
                 with contextlib.suppress(duckdb.TransactionException):  # another still writes
@@ -128,7 +127,7 @@ def release(path: Path) -> None:
             _close(held)
 
 
-def _close(held: _Instance) -> None:
+def _close(held: Instance) -> None:
     """Close the instance's own connection and forget it (once)."""
     if _instances.get(held.key) is held:
         del _instances[held.key]
@@ -138,7 +137,6 @@ def _close(held: _Instance) -> None:
 def _forget_in_child() -> None:
     """A forked process does not own its parent's instances (nor may it close them)."""
     _instances.clear()
-    _owners.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -81,7 +81,7 @@ class Warehouse:
         self.entities = {e.name: e for e in entities}
         self.lock = Path(lock) if lock is not None else self.path
         self._con: duckdb.DuckDBPyConnection | None = None
-        self._kept = False
+        self._kept: kept.Instance | None = None  # the command's instance this is a cursor of
         self._writing = contextlib.ExitStack()
 
     def __enter__(self) -> Warehouse:
@@ -98,18 +98,17 @@ class Warehouse:
 
     def open(self) -> None:
         if self._con is None:
-            self._kept = self.lock == self.path and writer.held_here(self.path)
+            keep = self.lock == self.path and writer.held_here(self.path)
             if not self.read_only:
                 private_dir(self.path.parent)
                 self._writing.enter_context(writer.writing(self.lock, wait=self.wait))
             elif not self.path.exists():
                 raise FileNotFoundError(f"no warehouse at {self.path} (WAREHOUSE_PATH)")
             try:
-                self._con = (
-                    kept.cursor(self.path, self._connect_to_write)
-                    if self._kept
-                    else connect(self.path, self.read_only, self.wait, self.memory_limit)
-                )
+                if keep:
+                    self._con, self._kept = kept.cursor(self.path, self._connect_to_write)
+                else:
+                    self._con = connect(self.path, self.read_only, self.wait, self.memory_limit)
             except BaseException:
                 self._writing.close()
                 raise
@@ -124,11 +123,11 @@ class Warehouse:
     def close(self, *, failed: bool = False) -> None:
         """Close; `failed`: the block that used it raised (a kept instance is let go)."""
         if self._con is not None:
-            if self._kept:
-                kept.done(self._con, checkpoint=not self.read_only, failed=failed)
+            if self._kept is not None:
+                kept.done(self._con, self._kept, checkpoint=not self.read_only, failed=failed)
             else:
                 self._con.close()
-            self._con = None
+            self._con, self._kept = None, None
             if not self.read_only:
                 make_private(self.path.with_name(self.path.name + ".wal"))
                 with contextlib.suppress(OSError):  # the spill folder, when nothing spilled
