@@ -248,7 +248,9 @@ class Merge:
         loaded earlier but extracted later missed is inserted deleted (`_deleted_at`).
 
         Every join sees narrow rows only (keys, cursors, times, hashes, row ids), so its hash
-        table stays small; the wide staged rows stream, and spill under the memory cap.
+        table stays small; the wide staged rows stream, and spill under the memory cap. The
+        current version's row id (`_clinical_row`) lets `_apply` read and delete the versions
+        it replaces without matching keys against clinical again.
         """
         cursor = [self.cursor] if self.cursor else []
         current = f"c.{quote(self.cursor)}" if self.cursor else "NULL"
@@ -259,7 +261,7 @@ class Merge:
         self.con.execute(
             f"""
             CREATE TEMP TABLE "_plan" AS
-            SELECT s.rowid AS "_row_id", s.{self.key}, s."_extracted_at",
+            SELECT s.rowid AS "_row_id", c."_clinical_row", s.{self.key}, s."_extracted_at",
               CASE WHEN c.{self.key} IS NULL THEN {missed}
                    ELSE c."_deleted_at" END AS "_deleted_at",
               CASE
@@ -270,7 +272,8 @@ class Merge:
                 ELSE '{SAME}'
               END AS "_action"
             FROM "_stage" AS s
-            LEFT JOIN (SELECT {narrow} FROM {self.clinical}) AS c ON c.{self.key} = s.{self.key}
+            LEFT JOIN (SELECT rowid AS "_clinical_row", {narrow} FROM {self.clinical}) AS c
+                ON c.{self.key} = s.{self.key}
             """,
             params,
         )
@@ -291,7 +294,8 @@ class Merge:
                 f"""CREATE TEMP TABLE "_replaced" AS
                     SELECT {column_list(self.version, "c.")}, c."_extracted_at",
                            least(c."_deleted_at", s."_extracted_at") AS "_valid_to", c."_run_id"
-                    FROM {self.clinical} AS c JOIN {planned_keys} AS s ON c.{self.key} = s.{self.key}""",
+                    FROM {self.clinical} AS c JOIN {planned_keys} AS s
+                    ON c.rowid = s."_clinical_row" """,
                 [replaced],
             )
         changes.record_plan(
@@ -312,8 +316,8 @@ class Merge:
             )
             self.con.execute('DROP TABLE "_replaced"')
             self.con.execute(
-                f"""DELETE FROM {self.clinical} WHERE {self.key} IN
-                    (SELECT {self.key} FROM {planned_keys})""",
+                f"""DELETE FROM {self.clinical} WHERE rowid IN
+                    (SELECT "_clinical_row" FROM {planned_keys})""",
                 [replaced],
             )
         self._insert_clinical('"_stage"')

@@ -73,3 +73,23 @@ DELETE FROM {{ this }} WHERE
      WHERE id IN {{ changed_ids(entity, 'BIGINT', since) }}
  {%- endfor %})
 {%- endmacro %}
+
+{#- prescription_summary's pre-hook: the prescriptions touched, kept for the night's build as a
+    temporary table of this connection, so that the delete and the SELECT read it once and
+    DuckDB plans their joins on its true size (a CTE of `prescriptions_touched()` was
+    estimated at the size of the prescriptions, which put the small side of every join the
+    wrong way round: 0.109 s against 0.061 on a year-old scale-10 warehouse). -#}
+{% macro keep_prescriptions_touched() -%}
+{%- if is_incremental() -%}
+CREATE OR REPLACE TEMP TABLE {{ touched_table() }} AS
+SELECT id FROM {{ prescriptions_touched() }} AS t(id)
+{%- endif -%}
+{%- endmacro %}
+
+{% macro drop_prescriptions_touched() -%}
+DROP TABLE IF EXISTS {{ touched_table() }}
+{%- endmacro %}
+
+{% macro touched_table() -%}
+temp.main."prescriptions_touched"
+{%- endmacro %}

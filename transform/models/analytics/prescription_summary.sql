@@ -9,10 +9,10 @@
 -- that grew with the data and failed under WAREHOUSE_MEMORY_LIMIT at scale 150; a step
 -- with one large table spills (branches and physicians are small).
 -- Incremental (macros/changed_records.sql): a night builds again the rows of the prescriptions
--- a change touched (`touched`), after its pre-hook deleted them.
+-- a change touched (`touched`, kept by its pre-hook, which deleted their rows).
 WITH
 {% if is_incremental() %}
-touched AS MATERIALIZED (SELECT id FROM {{ prescriptions_touched() }} AS t(id)),
+touched AS (SELECT id FROM {{ touched_table() }}),
 {% endif %}
 claim_totals AS (
     SELECT
