@@ -12,6 +12,12 @@ more than the first did pays for the years behind it, not for a bigger day.
 Per night: seconds in the warehouse (lake, loads, models), publication seconds, the working
 file's MiB, history rows, and its dead space (DuckDB's free blocks over all its blocks).
 
+The year's two ends are compared twice. As run: the first 30 nights against the last 30, a
+quarter of an hour apart at scale 10, on a host whose speed moves by a sixth within an hour.
+And side by side (`--replay`): copies of the warehouse after the first sync and after the last
+night take the ten days that follow each, one end's night then the other's, so that both are
+measured in the same minutes.
+
 Run: nice -n 10 .venv/bin/python benchmarks/year_of_nights.py --scale 10 --days 365 [--json PATH]
 Targets: the last 30 nights' warehouse seconds within 1.5x of the first 30; dead space never
 above a fifth of the file; `--scale 2 --days 365` in under 10 minutes on 2 cores.
@@ -20,17 +26,20 @@ above a fifth of the file; `--scale 2 --days 365` in under 10 minutes on 2 cores
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +59,7 @@ MIB = 1024 * 1024
 DAY = {"insert_fraction": 0.01, "update_fraction": 0.01, "delete_fraction": 0.002}
 DOCUMENT_FRACTION = 0.01
 WINDOW = 30  # nights compared at each end of the year
+REPLAY = 10  # nights replayed side by side at each end (after one more, not counted)
 RATIO_TARGET, DEAD_TARGET = 1.5, 0.2
 
 
@@ -281,6 +291,58 @@ def night(
     )
 
 
+Day = tuple[datetime, dict[str, tuple[list[dict], list[str]]]]  # the source's clock, its records
+
+
+@dataclass
+class End:
+    """One end of the year: a copy of the warehouse as it was there, its own lake, and the
+    days that followed it."""
+
+    folder: Path
+    first_night: int
+    days: list[Day] = field(default_factory=list)
+
+    @classmethod
+    def kept(cls, published: Path, folder: Path, first_night: int) -> End:
+        end = cls(folder, first_night)
+        working_path(end.published).parent.mkdir(parents=True)
+        shutil.copy2(working_path(published), working_path(end.published))
+        return end
+
+    @property
+    def published(self) -> Path:
+        return self.folder / "warehouse.duckdb"
+
+    def keep(self, now: datetime, day: dict[str, tuple[list[dict], list[str]]]) -> None:
+        self.days.append((now, copy.deepcopy(day)))
+
+    def night(self, index: int) -> Night:
+        now, day = self.days[index]
+        source = SimpleNamespace(now=now)  # lake_batches reads the source's clock alone
+        return night(
+            self.first_night + index, day, source, Lake(self.folder / "lake"), self.published
+        )
+
+
+def side_by_side(ends: tuple[End, End]) -> dict[str, Any]:
+    """The days after each end again, one end's night then the other's; the first night of
+    each (a cold copy) is not counted."""
+    runs: tuple[list[Night], list[Night]] = ([], [])
+    for index in range(len(ends[0].days)):
+        for end, nights in zip(ends, runs, strict=True):
+            nights.append(end.night(index))
+    first, last = (round(statistics.fmean(n.warehouse_s for n in nights[1:]), 4) for nights in runs)
+    return {
+        "nights": len(runs[0]) - 1,
+        "first_s": first,
+        "last_s": last,
+        "ratio": round(last / first, 2),
+        "first_nights": [asdict(n) for n in runs[0]],
+        "last_nights": [asdict(n) for n in runs[1]],
+    }
+
+
 def summary(nights: list[Night], window: int) -> dict[str, Any]:
     """The year's figures: the first and last `window` nights side by side."""
     first, last = nights[:window], nights[-window:]
@@ -312,7 +374,12 @@ def summary(nights: list[Night], window: int) -> dict[str, Any]:
 
 
 def write_json(
-    args: argparse.Namespace, full: Night, nights: list[Night], seconds: float, exact: bool | None
+    args: argparse.Namespace,
+    full: Night,
+    nights: list[Night],
+    seconds: float,
+    exact: bool | None,
+    replayed: dict[str, Any] | None = None,
 ) -> None:
     """The year so far (written after every night: a run stopped early keeps its nights) or
     whole; `equals_source` is null until the last night is checked."""
@@ -325,6 +392,7 @@ def write_json(
         "equals_source": exact,
         "first_sync": asdict(full),
         **(summary(nights, window) if window else {}),
+        "side_by_side": replayed,
         "nights": [asdict(n) for n in nights],
     }
     tmp = args.json.with_name(args.json.name + ".tmp")
@@ -339,9 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, help="write every night and the summary here")
     parser.add_argument("--record", action="store_true", help="keep the summary in results.json")
+    parser.add_argument(
+        "--replay",
+        type=int,
+        help=f"nights replayed side by side at each end after the year (default {REPLAY}, "
+        "or --days - 1 if fewer; 0: none)",
+    )
     args = parser.parse_args(argv)
     if args.days < 2:
         parser.error("--days: at least 2 nights to compare")
+    if args.replay is None:
+        args.replay = min(REPLAY, args.days - 1)
+    if not 0 <= args.replay < args.days:
+        parser.error(f"--replay: from 0 to {args.days - 1} (--days - 1), got {args.replay}")
     began = time.perf_counter()
     store = Store(seed=args.seed, scale=args.scale)
     log = DayLog(store)
@@ -350,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-year-") as tmp:
         lake, published = Lake(Path(tmp) / "lake"), Path(tmp) / "warehouse.duckdb"
         full = night(0, every_record(store), store, lake, published)
+        first = End.kept(published, Path(tmp) / "first", 1) if args.replay else None
         print(
             f"first sync: {full.changes:,} records, {full.warehouse_s:.2f} s in the warehouse, "
             f"{full.publish_s:.2f} s publishing, {full.file_mib:.1f} MiB",
@@ -361,7 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for number in range(1, args.days + 1):
             one_day(store, first_size)
-            n = night(number, log.take(), store, lake, published)
+            day = log.take()
+            if first is not None and len(first.days) <= args.replay:
+                first.keep(store.now, day)
+            n = night(number, day, store, lake, published)
             nights.append(n)
             print(
                 f"{n.night:>5} {n.changes:>8,} {n.warehouse_s:>11.3f} {n.warehouse_cpu_s:>6.2f} "
@@ -373,9 +455,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 write_json(args, full, nights, round(time.perf_counter() - began, 1), None)
         exact = equals_source(working_path(published), store)
+        seconds = round(time.perf_counter() - began, 1)  # the year's, without the replay
+        if first is not None:
+            last = End.kept(published, Path(tmp) / "last", args.days + 1)
+            for _ in range(args.replay + 1):
+                one_day(store, first_size)
+                last.keep(store.now, log.take())
+            replayed = side_by_side((first, last))
     window = min(WINDOW, len(nights) // 2)
     figures = summary(nights, window)
-    seconds = round(time.perf_counter() - began, 1)
+    if first is not None:
+        figures["side_by_side"] = {k: v for k, v in replayed.items() if not k.endswith("nights")}
     print(
         f"\nscale {args.scale:g}, {args.days} nights in {seconds} s: warehouse s a night "
         f"{figures['first_30_nights_s']:.3f} (first {window}) -> {figures['last_30_nights_s']:.3f} "
@@ -388,8 +478,14 @@ def main(argv: list[str] | None = None) -> int:
         f"dead space at most {figures['dead_space_fraction_max']:.3f} (target <= {DEAD_TARGET}); "
         f"live records equal the source's: {'yes' if exact else 'NO'}"
     )
+    if first is not None:
+        print(
+            f"side by side, {replayed['nights']} nights after each end (alternately, after one "
+            f"not counted): {replayed['first_s']:.3f} -> {replayed['last_s']:.3f} s = "
+            f"{replayed['ratio']}x"
+        )
     if args.json:
-        write_json(args, full, nights, seconds, exact)
+        write_json(args, full, nights, seconds, exact, replayed if first is not None else None)
     if args.record:
         record(
             "year_of_nights",

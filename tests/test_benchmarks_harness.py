@@ -270,6 +270,19 @@ def test_year_of_nights_drives_days_through_the_nightly_and_writes_its_summary(
     assert year["file_mib_first"] > 0 and year["file_mib_last"] > 0
     assert 0 <= year["dead_space_fraction_max"] < 0.2
     assert "live records equal the source's: yes" in run.stdout
+    # the ends side by side: copies after the first sync and after night 5, each taking the
+    # days that followed it there, alternately; the first of each not counted
+    side = year["side_by_side"]
+    assert [n["night"] for n in side["first_nights"]] == [1, 2, 3, 4, 5]
+    assert [n["night"] for n in side["last_nights"]] == [6, 7, 8, 9, 10]
+    assert side["nights"] == 4 and side["first_s"] > 0 and side["last_s"] > 0
+    assert side["ratio"] == round(side["last_s"] / side["first_s"], 2)
+    assert all(n["changes"] > 0 for n in side["first_nights"] + side["last_nights"])
+    # the first end's nights are the year's first nights again, on the same records
+    assert [n["changes"] for n in side["first_nights"]] == [
+        n["changes"] for n in year["nights"][:5]
+    ]
+    assert "side by side, 4 nights after each end" in run.stdout
 
 
 def biggest_customer(*args: str) -> tuple[list[str], dict[str, str]]:
