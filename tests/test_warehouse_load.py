@@ -240,6 +240,29 @@ def test_watermark_is_written_with_the_rows_and_a_failed_load_rolls_back(harness
     assert amounts(harness) == {1: Decimal("1.5")}
 
 
+def test_versions_read_by_row_id_that_are_not_the_planned_ones_stop_the_load(harness, monkeypatch):
+    """The merge reads and deletes the versions it replaces by the row ids its plan found;
+    a plan whose row ids point at other records (each off by one) must not move their versions
+    to history: the load stops, names the set and the counts, and writes nothing."""
+    from warehouse import merge
+
+    harness.sync(CLAIMS, [record(CLAIMS, i, total_claim_amount="1.00") for i in (1, 2, 3)])
+    before = {name: harness.rows(f"SELECT * FROM {name} ORDER BY ALL") for name in TABLES}
+    planned = merge.Merge._plan
+
+    def shifted(self: merge.Merge) -> dict[str, int]:
+        counts = planned(self)
+        self.con.execute('UPDATE "_plan" SET "_clinical_row" = ("_clinical_row" + 1) % 3')
+        return counts
+
+    monkeypatch.setattr(merge.Merge, "_plan", shifted)
+    changed = [record(CLAIMS, 1, total_claim_amount="2.00", updated_at="2026-02-02")]
+    with pytest.raises(RuntimeError, match=r"Claims: the merge read 1 current versions by row"):
+        harness.sync(CLAIMS, changed, day=1)
+    assert {name: harness.rows(f"SELECT * FROM {name} ORDER BY ALL") for name in TABLES} == before
+
+
+TABLES = ('"clinical"."claims"', '"history"."claims_superseded"', '"analytics"."changes"')
 HOSTILE = 'x"; drop table clinical.patients; --'
 
 

@@ -298,6 +298,7 @@ class Merge:
                     ON c.rowid = s."_clinical_row" """,
                 [replaced],
             )
+            self._check_replaced(replaced, sum(planned[a] for a in replaced))
         changes.record_plan(
             self.con, self.ent, self.run_id, '"_replaced"' if replaced else None, CHANGES
         )
@@ -330,6 +331,25 @@ class Merge:
                     WHERE p."_action" IN (?, ?) AND p."_deleted_at" IS NOT NULL
                       AND c.{self.key} = p.{self.key}""",
                 [UPDATE, INSERT],
+            )
+
+    def _check_replaced(self, replaced: list[str], planned: int) -> None:
+        """The versions read by row id are the planned keys' current rows, each once. Row ids
+        hold within the load's transaction (DuckDB renumbers rows only when a checkpoint
+        rewrites a table); were that ever to change, history would take other records'
+        versions, so the load stops here and rolls back instead."""
+        read, of_planned = self.con.execute(
+            f"""SELECT count(*), count(*) FILTER (WHERE r.{self.key} IN
+                    (SELECT "_plan".{self.key} FROM "_plan" WHERE "_action" IN (SELECT unnest(?))))
+                FROM "_replaced" AS r""",
+            [replaced],
+        ).fetchone()
+        if not read == of_planned == planned:
+            raise RuntimeError(
+                f"{self.ent.name}: the merge read {read} current versions by row id for "
+                f"{planned} planned replacements ({of_planned} of the planned keys); the load "
+                "is rolled back and nothing is written. This is a fault of the merge: report "
+                "it with the run's log"
             )
 
     def reject_files(self) -> list[str]:
