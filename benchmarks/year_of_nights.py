@@ -524,7 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     window = min(WINDOW, len(nights) // 2)
     figures = summary(nights, window)
     if first is not None:
-        figures["side_by_side"] = {k: v for k, v in replayed.items() if not k.endswith("nights")}
+        figures["side_by_side"] = {
+            k: v for k, v in replayed.items() if k not in ("first_nights", "last_nights")
+        }
     print(
         f"\nscale {args.scale:g}, {args.days} nights in {seconds} s: warehouse s a night "
         f"{figures['first_30_nights_s']:.3f} (first {window}) -> {figures['last_30_nights_s']:.3f} "
