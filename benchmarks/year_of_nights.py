@@ -448,12 +448,12 @@ def run_year(
     full: Night,
     first: End | None,
     log: DayLog,
+    first_size: int,
     began: float,
 ) -> tuple[list[Night], bool]:
     """The year's nights, each printed as it ends (and the JSON written after it); whether the
     warehouse's live records are the source's at the end. `first` keeps the first days."""
     store = log.store
-    first_size = sum(len(t) for t in store.tables.values())
     print(
         f"first sync: {full.changes:,} records, {full.warehouse_s:.2f} s in the warehouse, "
         f"{full.publish_s:.2f} s publishing, {full.file_mib:.1f} MiB",
@@ -511,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             full = year.night(0, (store.now, every_record(store)))
             first = End.kept(year.published, Path(tmp) / "first", 1) if args.replay else None
-            nights, exact = run_year(args, year, full, first, log, began)
+            nights, exact = run_year(args, year, full, first, log, first_size, began)
         finally:
             year.close()
         seconds = round(time.perf_counter() - began, 1)  # the year's, without the replay
