@@ -31,7 +31,6 @@ above a fifth of the file; `--scale 2 --days 365` in under 10 minutes on 2 cores
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import multiprocessing
@@ -46,7 +45,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -66,6 +64,7 @@ MIB = 1024 * 1024
 DAY = {"insert_fraction": 0.01, "update_fraction": 0.01, "delete_fraction": 0.002}
 DOCUMENT_FRACTION = 0.01
 WINDOW = 30  # nights compared at each end of the year
+PUBLISHED = "warehouse.duckdb"  # in each nightly's folder
 REPLAY = 10  # nights replayed side by side at each end (after one more, not counted)
 RATIO_TARGET, DEAD_TARGET = 1.5, 0.2
 
@@ -202,9 +201,10 @@ def one_day(store: Store, first_size: int) -> None:
 
 
 def lake_batches(
-    lake: Lake, day: dict[str, tuple[list[dict], list[str]]], run_id: str, store: Store
+    lake: Lake, day: dict[str, tuple[list[dict], list[str]]], run_id: str, now: datetime
 ) -> list[tuple[EntitySet, Path]]:
-    """The day's records of each set as one lake batch, normalised as the extraction does."""
+    """The day's records of each set as one lake batch, normalised as the extraction does
+    (`now`: the source's clock at the day's end)."""
     written = []
     for entity in ALL_ENTITIES:
         if entity.name not in day:
@@ -215,7 +215,7 @@ def lake_batches(
             entity,
             batch.table,
             run_id=run_id,
-            extracted_at=store.now + timedelta(hours=2),  # the nightly runs after the day
+            extracted_at=now + timedelta(hours=2),  # the nightly runs after the day
             rejects=batch.rejects,
             deletes=gone,
         )
@@ -261,7 +261,7 @@ def equals_source(work: Path, store: Store) -> bool:
 def night(
     number: int,
     day: dict[str, tuple[list[dict], list[str]]],
-    store: Store,
+    now: datetime,
     lake: Lake,
     published: Path,
 ) -> Night:
@@ -270,7 +270,7 @@ def night(
     run_id = f"night-{number:04d}"
     started, cpu = time.perf_counter(), time.process_time()
     with writing(work):  # held for the night, as `clinical-sync sync` holds it for its run
-        batches = lake_batches(lake, day, run_id, store)
+        batches = lake_batches(lake, day, run_id, now)
         lake_done = time.perf_counter()
         with Warehouse(work) as wh:
             wh.ensure_schema()
@@ -315,7 +315,7 @@ class Nightly:
 
     @property
     def published(self) -> Path:
-        return self.folder / "warehouse.duckdb"
+        return self.folder / PUBLISHED
 
     def night(self, number: int, day: Day) -> Night:
         self._pipe.send((number, *day))
@@ -335,7 +335,7 @@ def _serve(pipe: Any, folder: Path) -> None:
     while (task := pipe.recv()) is not None:
         number, now, day = task
         try:
-            done = night(number, day, SimpleNamespace(now=now), lake, folder / "warehouse.duckdb")
+            done = night(number, day, now, lake, folder / PUBLISHED)
             pipe.send((True, done))
         except Exception:
             pipe.send((False, traceback.format_exc(limit=6)))
@@ -353,13 +353,13 @@ class End:
     @classmethod
     def kept(cls, published: Path, folder: Path, first_night: int) -> End:
         end = cls(folder, first_night)
-        copy_path = working_path(folder / published.name)
+        copy_path = working_path(folder / PUBLISHED)
         copy_path.parent.mkdir(parents=True)
         shutil.copy2(working_path(published), copy_path)
         return end
 
     def keep(self, now: datetime, day: dict[str, tuple[list[dict], list[str]]]) -> None:
-        self.days.append((now, copy.deepcopy(day)))
+        self.days.append((now, day))  # the nightly's process gets a copy; nothing here changes it
 
 
 def side_by_side(ends: tuple[End, End]) -> dict[str, Any]:

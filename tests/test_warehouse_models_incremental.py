@@ -53,10 +53,10 @@ def test_every_night_the_incremental_models_equal_their_whole_build(tmp_path, mo
     log = year.DayLog(store)
     # a file name that is no bare SQL identifier: the macros name its catalog quoted
     lake, published = year.Lake(tmp_path / "lake"), tmp_path / "clinic-a.duckdb"
-    year.night(0, year.every_record(store), store, lake, published)
+    year.night(0, year.every_record(store), store.now, lake, published)
     for number in range(1, NIGHTS + 1):
         store.advance(seconds=86400, **DAY)
-        year.night(number, log.take(), store, lake, published)
+        year.night(number, log.take(), store.now, lake, published)
         with Warehouse(working_path(published), read_only=True) as wh:
             for name, (table, query) in analytics_rows(wh.con).items():
                 assert table == query, f"night {number}: {name}"

@@ -42,6 +42,9 @@ CHANGES = {INSERT: changes.INSERTED, RESURRECT: changes.INSERTED, UPDATE: change
 
 # Whether a staged version (`s`) is newer than the current one (`c`, its cursor `{current}`):
 # by cursor, a missing one oldest, then by extraction time (a tie: the version being loaded).
+# The plan's rows of some actions (`?`: the actions' names).
+PLANNED = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
+
 NEWER = """(CASE WHEN s."_cursor" IS DISTINCT FROM {current}
                  THEN coalesce(s."_cursor" > {current}, {current} IS NULL)
                  ELSE s."_extracted_at" >= c."_extracted_at" END)"""
@@ -288,13 +291,12 @@ class Merge:
         replaced = [a for a in (UPDATE, RESURRECT) if planned.get(a)]
         if not (planned.get(INSERT) or replaced):
             return
-        planned_keys = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
         if replaced:  # the versions replaced, read from clinical once (its wide columns)
             self.con.execute(
                 f"""CREATE TEMP TABLE "_replaced" AS
                     SELECT {column_list(self.version, "c.")}, c."_extracted_at",
                            least(c."_deleted_at", s."_extracted_at") AS "_valid_to", c."_run_id"
-                    FROM {self.clinical} AS c JOIN {planned_keys} AS s
+                    FROM {self.clinical} AS c JOIN {PLANNED} AS s
                     ON c.rowid = s."_clinical_row" """,
                 [replaced],
             )
@@ -318,7 +320,7 @@ class Merge:
             self.con.execute('DROP TABLE "_replaced"')
             self.con.execute(
                 f"""DELETE FROM {self.clinical} WHERE rowid IN
-                    (SELECT "_clinical_row" FROM {planned_keys})""",
+                    (SELECT "_clinical_row" FROM {PLANNED})""",
                 [replaced],
             )
         self._insert_clinical('"_stage"')
@@ -340,7 +342,7 @@ class Merge:
         versions, so the load stops here and rolls back instead."""
         read, of_planned = self.con.execute(
             f"""SELECT count(*), count(*) FILTER (WHERE r.{self.key} IN
-                    (SELECT "_plan".{self.key} FROM "_plan" WHERE "_action" IN (SELECT unnest(?))))
+                    (SELECT p.{self.key} FROM {PLANNED} AS p))
                 FROM "_replaced" AS r""",
             [replaced],
         ).fetchone()
