@@ -3,8 +3,8 @@
 Two cases on the same records: an initial load into empty tables, and a merge of the same
 records again with 10% changed. The same pages go through dlt (`pip install -e '.[bench]'`)
 into DuckDB with `write_disposition="merge"`, in the same run, for the ratio. A third case
-of ours, a merge with another 25% changed, shows what the load costs when it crosses the
-line at which the rows earlier merges replaced get vacuumed (warehouse/vacuum.py).
+of ours, a merge with another 25% changed, shows what a larger day costs (no load vacuums
+the rows earlier merges replaced: the publication compacts the file, warehouse/vacuum.py).
 Each engine runs in its own process, so each peak RSS is its own.
 
 Run: .venv/bin/python benchmarks/load_throughput.py [--records 1000000] [--workers 2]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import duckdb
 
+from warehouse import vacuum
 from warehouse.errors import WarehouseLocked
 from warehouse.private import private_dir
 
@@ -81,6 +82,8 @@ def connect(path: Path, read_only: bool, wait: float, limit: str) -> duckdb.Duck
             set_session(con)
             con.execute(f"SET memory_limit = '{limit}'")
             con.execute("SET preserve_insertion_order = false")
+            if not read_only:
+                vacuum.hold(con)
             return con
         except duckdb.IOException as exc:
             if not any(word in str(exc).lower() for word in LOCK_WORDS):

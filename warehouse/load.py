@@ -20,7 +20,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import duckdb
 
 from connectors.clinical_records.catalogue import ALL_ENTITIES, EntitySet
-from warehouse import ddl, kept, migrations, ops, runs, vacuum, writer
+from warehouse import kept, migrations, ops, runs, writer
 from warehouse.connection import Transaction, connect, spill_dir
 from warehouse.errors import SourceMismatch, WarehouseLocked
 from warehouse.lake import Lake
@@ -208,9 +208,6 @@ class Warehouse:
         with self.transaction():
             result = Merge(self.con, ent, paths, infos, run_id).run(snapshot) if paths else None
             ops.write_state(self.con, ent.name, run_id, infos, snapshot, watermark)
-            if result:
-                appended = result.inserted + result.updated + result.resurrected
-                vacuum.set_for_commit(self.con, ddl.CLINICAL, ent.table, appended)
         return result or LoadResult()
 
     def transaction(self) -> Transaction:

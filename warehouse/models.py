@@ -30,7 +30,7 @@ from typing import Any
 import duckdb
 
 from connectors.clinical_records.catalogue import BY_TABLE
-from warehouse import dbt_project, ops, vacuum
+from warehouse import dbt_project, ops
 from warehouse.connection import Transaction
 from warehouse.dbt_project import DEFAULT_PROJECT, Project
 from warehouse.ddl import ANALYTICS, CHANGES_TABLE, CLINICAL, MODEL_HEALTH_VIEW
@@ -240,9 +240,6 @@ def build(
             if OUT_OF_MEMORY in done.failed.values():
                 _again_on_one_thread(wh, project, todo, done, on_event, whole)
             _record(wh.con, todo, done, run_id)
-            vacuum.set_for_close(
-                wh.con, [(ANALYTICS, m.name) for m in todo if m.name in done.built]
-            )
     done.seconds = round(time.monotonic() - started, 3)
     done.cpu_seconds = round(time.process_time() - cpu, 3)
     return done

@@ -1,80 +1,52 @@
-"""When a load's commit lets DuckDB vacuum the rows that merges deleted.
+"""Dead space has one place to go: the publication's compact copy of the file. The night's
+checkpoints never vacuum.
 
-A merge replaces a changed row by deleting it and inserting the new version. At the
-checkpoint that follows a large commit, DuckDB vacuums: it rewrites the row groups that hold
-deleted rows. For a merge that changed 10% of 1M rows spread over the whole table, that was
-2.1 of the 3.1 s its COMMIT took. Like PostgreSQL's autovacuum (scale factor 0.2), a load
-leaves the dead rows until they are a fifth of the table; the load that crosses that line
-lets the checkpoint vacuum. Dead rows cost disk and scan time, never correctness: DuckDB
-never returns a deleted row.
+A merge replaces a changed row by deleting it and inserting the new version; an incremental
+model deletes the rows it builds again; every commit appends a small row group to each table
+it wrote. DuckDB's vacuum, at a checkpoint, rewrites row groups to drop deleted rows and join
+small ones. Let run at every checkpoint it rewrote most of a table after a large merge (2.1 of
+the 3.1 s a commit took for 10% of 1M rows) and the models' tables every night. Held back until
+a table's dead rows were a fifth of it, the checkpoint that crossed the line vacuumed every
+table at once (2 to 3 s in the models' close at scale 10 late in the year), which freed half
+the file, and the publication then wrote the whole file anew (4.6 to 8.4 s): the same rows
+rewritten twice in a night. One task a table per checkpoint (tried over a scale-10 year) moved
+those seconds into the loads (runs of up to three row groups: 1.5 to 2.5 s on ten nights).
 
-The analytics models are the other source of dead space: dbt writes a model's new table
-before it drops the old one (a model that fails keeps its last table, warehouse/models.py), so
-after a build the file holds a generation of free blocks, which the next build reuses; an
-incremental model deletes the rows it builds again, and is vacuumed by the same rule.
-
-What is left is DuckDB's copy-on-write: a checkpoint writes the row groups a night changed
-(the whole table, while it fits in one row group of 122,880 rows) and frees the old blocks,
-which the next night reuses. When free blocks reach a fifth of the file all the same, the
-publication writes the night compactly (`file_is_due`, warehouse/publish.py).
+So every writer holds the vacuum (`hold`), and the publication writes the file compactly
+(DuckDB's `COPY FROM DATABASE`: live rows only, in full row groups, warehouse/publish.py) when
+it is due (`file_is_due`): a clinical table's dead rows reach a fifth of what it stores, or the
+models' tables' together do (each night deletes and inserts again the rows of the records that
+changed), or free blocks reach a fifth of the file. Dead rows cost disk and scan time until
+then, never correctness: DuckDB never returns a deleted row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 import duckdb
 
+from warehouse.ddl import ANALYTICS, CLINICAL, DDL_OWNED
 from warehouse.ident import qualified
 
 SETTING = "max_vacuum_tasks"
+DEAD_FRACTION = 0.2  # of a table's stored rows, or of the file's blocks
 _KNOWN: dict[str, bool] = {}  # whether this process's DuckDB has a setting, by name
-DEAD_FRACTION = 0.2  # of the rows a table stores, live and dead
+
+
+def hold(con: duckdb.DuckDBPyConnection) -> None:
+    """A writer's checkpoints never vacuum. A DuckDB without the setting keeps its own
+    behaviour (it vacuums at every checkpoint)."""
+    if _knows_setting(con):
+        con.execute(f"SET {SETTING} = 0")
 
 
 def is_due(stored: int, live: int) -> bool:
-    """Whether the dead rows (stored but not live) reach a fifth of what a table stores."""
+    """Whether the dead rows (stored but not live) reach a fifth of what is stored."""
     return stored > 0 and stored - live >= DEAD_FRACTION * stored
-
-
-def set_for_commit(con: duckdb.DuckDBPyConnection, schema: str, table: str, appended: int) -> None:
-    """Inside a load's transaction: vacuum at its commit only when it is due. A DuckDB
-    without the setting keeps its own behaviour (it always vacuums).
-
-    DuckDB counts the rows a table stores (`estimated_size`, deleted rows included) as of
-    the last commit, so the rows this transaction appended are added."""
-    _vacuum_when(con, [(schema, table, appended)])
-
-
-def set_for_close(con: duckdb.DuckDBPyConnection, tables: Iterable[tuple[str, str]]) -> None:
-    """After the models' build, before the connection's last checkpoint: vacuum only when
-    the dead rows of `tables` together are due. An incremental model deletes the rows of the records that
-    changed all over its table every night; vacuumed each time, the close rewrote every row
-    group of it (1 to 2 s a night at 840,000 clinical rows, growing with the table)."""
-    _vacuum_when(con, [(schema, table, 0) for schema, table in tables])
-
-
-def _vacuum_when(con: duckdb.DuckDBPyConnection, tables: Sequence[tuple[str, str, int]]) -> None:
-    """Let the next checkpoint vacuum when the dead rows of `tables` (schema, name, rows
-    appended since the last commit) are a fifth of the rows they store, else hold it back:
-    the vacuum is the database's, not a table's, so they are weighed together."""
-    if not _knows_setting(con):
-        return
-    stored = live = 0
-    for schema, table, appended in tables:
-        table_stored, table_live = con.execute(
-            f"""SELECT (SELECT estimated_size FROM duckdb_tables()
-                        WHERE schema_name = ? AND table_name = ?),
-                       (SELECT count(*) FROM {qualified(schema, table)})""",
-            [schema, table],
-        ).fetchone()
-        stored, live = stored + (table_stored or 0) + appended, live + table_live
-    con.execute(f"RESET {SETTING}" if is_due(stored, live) else f"SET {SETTING} = 0")
 
 
 def _knows_setting(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether this DuckDB has the setting, asked once per process: `duckdb_settings()` lists
-    every setting (3.9 ms), and each load and each models' build asks."""
+    every setting (3.9 ms), and every writer's connection asks."""
     if SETTING not in _KNOWN:
         (count,) = con.execute(
             "SELECT count(*) FROM duckdb_settings() WHERE name = ?", [SETTING]
@@ -92,6 +64,34 @@ def free_share(con: duckdb.DuckDBPyConnection) -> float:
     return free / total if total else 0.0
 
 
+def stored_and_live(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, tuple[int, int]]:
+    """Each table of `schema`: the rows it stores, deleted ones included (`estimated_size`, as
+    of the last checkpoint), and the rows it holds."""
+    tables = con.execute(
+        "SELECT table_name, estimated_size FROM duckdb_tables() "
+        "WHERE database_name = current_database() AND schema_name = ? AND NOT temporary",
+        [schema],
+    ).fetchall()
+    return {
+        table: (
+            stored or 0,
+            con.execute(f"SELECT count(*) FROM {qualified(schema, table)}").fetchone()[0],
+        )
+        for table, stored in tables
+    }
+
+
+def dead_rows_due(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether a clinical table's dead rows, or the models' tables' together, reach a fifth
+    of what they store."""
+    if any(is_due(*rows) for rows in stored_and_live(con, CLINICAL).values()):
+        return True
+    models = [
+        rows for table, rows in stored_and_live(con, ANALYTICS).items() if table not in DDL_OWNED
+    ]
+    return is_due(sum(s for s, _ in models), sum(live for _, live in models))
+
+
 def file_is_due(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether free blocks reach a fifth of the file: time to write it compactly."""
-    return free_share(con) >= DEAD_FRACTION
+    """Whether the publication writes the file compactly tonight (module docstring)."""
+    return free_share(con) >= DEAD_FRACTION or dead_rows_due(con)
