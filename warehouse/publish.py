@@ -5,7 +5,8 @@ on a file makes the next writer wait. So the sync never writes `WAREHOUSE_PATH`:
 into its working copy, `<folder>/<stem>.work/<name>` (`data/warehouse.work/warehouse.duckdb`
 for the default), a private folder that also holds DuckDB's write-ahead log and spill files.
 When a run has committed, `publish` checkpoints the working copy (the file then holds every
-commit; when a fifth of it is free blocks, it is first written anew, compactly: `_compact`),
+commit; when its dead space is due, a fifth of a table's rows dead or of the file's blocks
+free, it is first written anew, compactly: `_compact`, warehouse/vacuum.py),
 copies its bytes beside `WAREHOUSE_PATH` under a private temporary name while it
 still holds the write lock, syncs them and renames the copy over `WAREHOUSE_PATH`.
 

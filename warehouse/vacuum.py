@@ -7,10 +7,11 @@ it wrote. DuckDB's vacuum, at a checkpoint, rewrites row groups to drop deleted 
 small ones. Let run at every checkpoint it rewrote most of a table after a large merge (2.1 of
 the 3.1 s a commit took for 10% of 1M rows) and the models' tables every night. Held back until
 a table's dead rows were a fifth of it, the checkpoint that crossed the line vacuumed every
-table at once (2 to 3 s in the models' close at scale 10 late in the year), which freed half
-the file, and the publication then wrote the whole file anew (4.6 to 8.4 s): the same rows
-rewritten twice in a night. One task a table per checkpoint (tried over a scale-10 year) moved
-those seconds into the loads (runs of up to three row groups: 1.5 to 2.5 s on ten nights).
+table it could (2 to 3 s in the models' close at scale 10 late in the year), which freed a
+fifth of the file or more, and the publication then wrote the whole file anew (4.6 to 8.4 s):
+the same rows rewritten twice in a night. One task a table per checkpoint (tried over a
+scale-10 year) moved those seconds into the loads (a task rewrites up to three row groups:
+loads of 1.3 to 2.5 s on ten nights late in the year; docs/SIZING.md).
 
 So every writer holds the vacuum (`hold`), and the publication writes the file compactly
 (DuckDB's `COPY FROM DATABASE`: live rows only, in full row groups, warehouse/publish.py) when
