@@ -25,12 +25,7 @@ def stored_and_live(h: Harness) -> tuple[int, int]:
     so that the checkpoint of closing has run."""
     h.close()
     h.wh.open()
-    (stored,) = h.rows(
-        "SELECT estimated_size FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
-        ["clinical", CLAIMS.table],
-    )[0]
-    (live,) = h.rows('SELECT count(*) FROM "clinical"."claims"')[0]
-    return stored, live
+    return vacuum.stored_and_live(h.wh.con, "clinical")[CLAIMS.table]
 
 
 def replace_every(h: Harness, step: int, amount: str, day: int) -> None:
@@ -209,11 +204,7 @@ def test_an_incremental_models_dead_rows_stay_until_the_publication_compacts(tmp
 
     def stored_and_live_model() -> tuple[int, int]:
         with Warehouse(h.path, read_only=True) as wh:
-            return wh.con.execute(
-                "SELECT estimated_size, (SELECT count(*) FROM analytics.prescription_claims) "
-                "FROM duckdb_tables() WHERE schema_name = 'analytics' "
-                "AND table_name = 'prescription_claims'"
-            ).fetchone()
+            return vacuum.stored_and_live(wh.con, "analytics")["prescription_claims"]
 
     published = tmp_path / "published.duckdb"
     claims_change(10, "7", day=1)  # 200 rows of 2,000 built again: 9% dead

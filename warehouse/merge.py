@@ -40,11 +40,11 @@ STALE = history.STALE  # older than the current version: placed among those held
 # How analytics.changes names each action that changes a record (a record back is inserted).
 CHANGES = {INSERT: changes.INSERTED, RESURRECT: changes.INSERTED, UPDATE: changes.UPDATED}
 
-# Whether a staged version (`s`) is newer than the current one (`c`, its cursor `{current}`):
-# by cursor, a missing one oldest, then by extraction time (a tie: the version being loaded).
 # The plan's rows of some actions (`?`: the actions' names).
 PLANNED = """(SELECT * FROM "_plan" WHERE "_action" IN (SELECT unnest(?)))"""
 
+# Whether a staged version (`s`) is newer than the current one (`c`, its cursor `{current}`):
+# by cursor, a missing one oldest, then by extraction time (a tie: the version being loaded).
 NEWER = """(CASE WHEN s."_cursor" IS DISTINCT FROM {current}
                  THEN coalesce(s."_cursor" > {current}, {current} IS NULL)
                  ELSE s."_extracted_at" >= c."_extracted_at" END)"""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import duckdb
 
 from warehouse.ddl import ANALYTICS, CLINICAL, DDL_OWNED
-from warehouse.ident import qualified
+from warehouse.ident import literal, qualified
 
 SETTING = "max_vacuum_tasks"
 DEAD_FRACTION = 0.2  # of a table's stored rows, or of the file's blocks
@@ -67,19 +67,20 @@ def free_share(con: duckdb.DuckDBPyConnection) -> float:
 
 def stored_and_live(con: duckdb.DuckDBPyConnection, schema: str) -> dict[str, tuple[int, int]]:
     """Each table of `schema`: the rows it stores, deleted ones included (`estimated_size`, as
-    of the last checkpoint), and the rows it holds."""
-    tables = con.execute(
-        "SELECT table_name, estimated_size FROM duckdb_tables() "
-        "WHERE database_name = current_database() AND schema_name = ? AND NOT temporary",
-        [schema],
-    ).fetchall()
-    return {
-        table: (
-            stored or 0,
-            con.execute(f"SELECT count(*) FROM {qualified(schema, table)}").fetchone()[0],
-        )
-        for table, stored in tables
-    }
+    of the last checkpoint), and the rows it holds; the counts in one statement."""
+    stored = dict(
+        con.execute(
+            "SELECT table_name, estimated_size FROM duckdb_tables() "
+            "WHERE database_name = current_database() AND schema_name = ? AND NOT temporary",
+            [schema],
+        ).fetchall()
+    )
+    if not stored:
+        return {}
+    counts = " UNION ALL ".join(
+        f"SELECT {literal(table)}, count(*) FROM {qualified(schema, table)}" for table in stored
+    )
+    return {table: (stored[table] or 0, live) for table, live in con.execute(counts).fetchall()}
 
 
 def dead_rows_due(con: duckdb.DuckDBPyConnection) -> bool:
